@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command (`make test`). Order: cheap consistency checks first, pytest last so its summary line ends the output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export WANDB_MODE=${WANDB_MODE:-disabled} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+echo "== notebooks are clean (nbdev_clean leaves no diff)"
+nbdev_clean
+git diff --exit-code --stat -- nbs/ || { echo "nbs/ is not clean: run nbdev_clean and commit"; exit 1; }
+
+echo "== library is in sync with the notebooks (nbdev_export leaves no diff)"
+nbdev_export
+if [ -n "$(git status --porcelain -- domino_research/)" ]; then
+  git status --porcelain -- domino_research/; echo "domino_research/ is out of sync with nbs/: run nbdev_export and commit"; exit 1
+fi
+
+echo "== notebook tests (nbdev_test${NBDEV_FLAGS:+ --flags $NBDEV_FLAGS})"
+nbdev_test --n_workers 2 ${NBDEV_FLAGS:+--flags "$NBDEV_FLAGS"}
+
+echo "== pytest"
+python -m pytest -q tests
