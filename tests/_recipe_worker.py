@@ -1,0 +1,17 @@
+"Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write per-rank JSON."
+import json, os, sys
+from pathlib import Path
+
+from domino_research.train import RECIPES, load_train_config
+
+mode, config_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+cfg = load_train_config(config_path)
+recipe = RECIPES[cfg.recipe](cfg).setup()
+rank = recipe.accelerator.process_index
+if mode == "eval":
+    result = recipe.evaluate()
+elif mode == "train":
+    result = recipe.run()
+else:
+    raise SystemExit(f"unknown mode {mode}")
+(out_dir / f"rank{rank}.json").write_text(json.dumps({"world": recipe.accelerator.num_processes, **result}))

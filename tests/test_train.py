@@ -1,0 +1,231 @@
+"""The training recipe end to end: CLI, multi-process (gloo) symmetry, kill/resume, atomic checkpoints,
+gradient accumulation, skipped micro-batches, bad configs and the papermill notebook."""
+import json, os, random, signal, socket, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO, write_config, write_jsonl, _chat
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+def run_worker(mode, cfg_path, out_dir, nproc=1, timeout=300):
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    worker = str(REPO / "tests" / "_recipe_worker.py")
+    if nproc == 1: cmd = [sys.executable, worker]
+    else: cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                 f"--master_port={free_port()}", worker]
+    p = subprocess.run(cmd + [mode, cfg_path, str(out_dir)], env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def train_cli(cfg_path, *args, timeout=300, **popen):
+    cmd = [sys.executable, "-m", "domino_research.train", "--config", cfg_path, *args]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, **popen)
+
+
+# ------------------------------------------------------------------ multi-process symmetry
+def test_two_ranks_validation_equals_one_rank(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev"})
+    one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
+    two = run_worker("eval", cfg, tmp_path / "two", nproc=2)
+    assert two[0]["world"] == 2 and one["world"] == 1
+    keys = [k for k in one if k.startswith("eval/")]
+    assert {"eval/loss", "eval/accept_len", "eval/final_loss", "eval/base_accept_len"} <= set(keys)
+    for r in two:
+        for k in keys: assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
+
+
+def test_rank_without_validation_batch(tiny, tmp_path):
+    "One validation row, two ranks: rank 1 sees nothing, still joins the all-reduce and reports the same numbers."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev1", "max_eval_samples": 1})
+    one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
+    two = run_worker("eval", cfg, tmp_path / "two", nproc=2, timeout=180)
+    for r in two:
+        for k in one:
+            if k.startswith("eval/"): assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
+
+
+def test_no_anchor_microbatch_on_one_rank_skipped_by_both(tiny, tmp_path):
+    rng = random.Random(1)
+    rows = [_chat(rng, i) for i in range(3)] + [_chat(rng, 3, short=True)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "skip", "train_data": str(data),
+                       "block_size": 8, "micro_batch_size": 1, "output_dir": str(tmp_path / "runs")})
+    ranks = run_worker("train", cfg, tmp_path / "out", nproc=2, timeout=240)
+    # 4 rows over 2 ranks = 2 windows; the one holding the short row (no anchor candidate) is skipped on both ranks
+    assert [r["step"] for r in ranks] == [1, 1]
+
+
+# ------------------------------------------------------------------ CLI, resume, fault injection
+def test_cli_trains_and_writes_run_dir(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs")})
+    p = train_cli(cfg, "--run_name", "cli", "--max_steps", "3", "--save_every_steps", "2")
+    assert p.returncode == 0, p.stderr[-4000:]
+    run = tmp_path / "runs" / "cli"
+    assert {"config.yaml", "metrics.jsonl", "checkpoints", "draft", "plots", "summary.json"} <= {q.name for q in run.iterdir()}
+    assert set(load_file(run / "draft" / "model.safetensors")) >= {"fc.weight", "hidden_norm.weight", "norm.weight",
+                                                                   "prefix_gru.weight_ih_l0", "embed_proj.2.weight"}
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+    assert "[cli]" in p.stdout
+
+
+def _weights(run):
+    return load_file(Path(run) / "draft" / "model.safetensors")
+
+
+def _wait_for(pred, proc, timeout=240):
+    t0 = time.time()
+    while not pred():
+        assert proc.poll() is None, "training ended before the point where the test kills it"
+        assert time.time() - t0 < timeout, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_sigkill_and_resume_is_bitwise_identical(tiny, tmp_path):
+    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 8,
+            "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}
+    cfg = write_config(tmp_path / "c.yaml", base)
+    p = train_cli(cfg, "--run_name", "straight"); assert p.returncode == 0, p.stderr[-4000:]
+    kill_at = random.Random(os.getpid()).randrange(2, 7)
+    ck = tmp_path / "runs" / "killed" / "checkpoints"
+    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed"],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: (ck / f"step-{kill_at}" / "state.pt").exists(), proc)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
+    assert p.returncode == 0, p.stderr[-4000:]
+    a, b = _weights(tmp_path / "runs" / "straight"), _weights(tmp_path / "runs" / "killed")
+    assert a.keys() == b.keys()
+    for k in a: assert torch.equal(a[k], b[k]), f"{k} differs after kill at step {kill_at} + resume"
+    steps = [json.loads(l)["step"] for l in (tmp_path / "runs" / "killed" / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(l)]
+    assert steps == list(range(1, 9)), steps   # redone steps are not logged twice
+
+
+def test_kill_during_checkpoint_save_keeps_previous(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1,
+                                             "max_steps": 4, "run_name": "crash"})
+    ck = tmp_path / "runs" / "crash" / "checkpoints"
+    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg],
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-2:60"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: (ck / ".tmp-step-2" / "contract.json").exists(), proc)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    from domino_research.train import list_checkpoints
+    assert [p.name for p in list_checkpoints(tmp_path / "runs" / "crash")] == ["step-1"]
+    p = train_cli(cfg, "--resume", "latest")           # resumes from step-1, ignoring the partial save
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "resumed from" in p.stdout and "step-1" in p.stdout
+    assert not (ck / ".tmp-step-2").exists()
+    assert json.loads((tmp_path / "runs" / "crash" / "summary.json").read_text())["step"] == 4
+
+
+def test_nonfinite_loss_stops_without_checkpoint(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1,
+                                             "max_steps": 3, "run_name": "nan", "learning_rate": 1e30, "max_grad_norm": 1e30})
+    p = train_cli(cfg)
+    assert p.returncode != 0
+    assert "non-finite loss" in p.stderr and "optimiser step" in p.stderr, p.stderr[-2000:]
+    from domino_research.train import list_checkpoints
+    for ck in list_checkpoints(tmp_path / "runs" / "nan"):
+        for t in load_file(ck / "draft" / "model.safetensors").values(): assert torch.isfinite(t).all()
+
+
+# ------------------------------------------------------------------ gradient accumulation
+def test_grad_accumulation_equals_big_batch(tiny, tmp_path):
+    "4 micro-batches of 1 accumulated == 1 micro-batch of 4, same samples and anchors (fp32)."
+    from domino_research.train import load_train_config, TrainDominoRecipe
+
+    class FixedAnchors(TrainDominoRecipe):
+        def _add_anchors(self, batch, generator):  # the same per-row anchors however rows are batched
+            rows = batch["rows"]
+            table = {r: torch.tensor([2 + r, 5 + 2 * r, 9]) for r in range(100)}
+            a = torch.stack([table[r] for r in rows]); batch["anchor_positions"], batch["block_keep"] = a, torch.ones_like(a, dtype=torch.bool)
+            return True
+
+        def _collate(self, dataset, rows):
+            b = super()._collate(dataset, rows); b["rows"] = rows; return b
+
+    grads = {}
+    for name, mbs, ga in (("acc", 1, 4), ("big", 4, 1)):
+        cfg = load_train_config(None, **{**tiny["base"], "run_name": name, "micro_batch_size": mbs,
+                                        "grad_accumulation_steps": ga, "output_dir": str(tmp_path)})
+        r = FixedAnchors(cfg).setup()
+        seen = []
+        r.optimizer.step = lambda: seen.append({n: p.grad.clone() for n, p in r.trainer.named_parameters()})
+        r._train_window([[0], [1], [2], [3]] if ga == 4 else [[0, 1, 2, 3]], step=3)
+        grads[name] = seen[0]
+    assert grads["acc"].keys() == grads["big"].keys()
+    for n in grads["acc"]:
+        torch.testing.assert_close(grads["acc"][n], grads["big"][n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+# ------------------------------------------------------------------ bad configs
+def _bad(tiny, tmp_path, **kw):
+    from domino_research.train import main
+    from domino_research.config import ConfigError
+    run = Path(kw.get("output_dir", tmp_path / "runs")) / "bad"
+    with pytest.raises(ConfigError) as e:
+        main(None, **{**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "bad", **kw})
+    assert not run.exists(), "a failed config left a run directory behind"
+    return str(e.value)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"blok_size": 4}, "blok_size"),
+    ({"seq_length": "long"}, "seq_length"),
+    ({"target": "/nonexistent/target"}, "target"),
+    ({"block_size": 1}, "block_size"),
+    ({"mask_token_id": 10**7}, "mask_token_id"),
+    ({"recipe": "dflash", "emb_dim": 8}, "emb_dim"),
+    ({"target_layer_ids": [0, 99]}, "target_layer_ids"),
+    ({"emb_dim": 0}, "emb_dim"),
+    ({"train_data": "/nonexistent/data.jsonl"}, "data.jsonl"),
+])
+def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
+    assert needle in _bad(tiny, tmp_path, **kw)
+
+
+def test_unwritable_output_dir(tiny, tmp_path):
+    blocker = tmp_path / "file"; blocker.write_text("x")
+    assert "output_dir" in _bad(tiny, tmp_path, output_dir=str(blocker / "runs"))
+
+
+def test_mismatched_resume_refused(tiny, tmp_path):
+    from domino_research.train import main
+    main(None, **{**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "r", "max_steps": 1})
+    from domino_research.config import ConfigError
+    with pytest.raises(ConfigError, match="block_size"):
+        main(None, **{**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "r", "max_steps": 2,
+                      "resume": "latest", "block_size": 8})
+
+
+def test_bad_yaml_names_file(tiny, tmp_path):
+    bad = tmp_path / "bad.yaml"; bad.write_text("recipe: domino\nseq_length: [unclosed\n")
+    p = train_cli(str(bad))
+    assert p.returncode == 2 and "bad.yaml" in p.stderr and "Traceback" not in p.stderr
+
+
+# ------------------------------------------------------------------ papermill
+def test_papermill_train_notebook(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", tiny["base"])
+    out = tmp_path / "train.ipynb"
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(out), "--cwd", str(REPO / "nbs"),
+           "-p", "config", cfg, "-p", "output_dir", str(tmp_path / "runs"), "-p", "run_name", "pm", "-p", "max_steps", "2",
+           "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    rows = [json.loads(l) for l in (tmp_path / "runs" / "pm" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]      # max_steps=2 reached the recipe: parameters were injected
+    assert (tmp_path / "runs" / "pm" / "plots" / "training.png").exists()
