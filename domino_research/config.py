@@ -139,7 +139,9 @@ class DFlashConfig:
     gru_hidden_dim: int = 1024                  # G, width of prefix_gru
     pure_draft_prefix_len: int = 1              # p, first corrected slot is suffix_start
 
-    def __post_init__(self): self.validate()
+    def __post_init__(self):
+        if isinstance(self.target_layer_ids, tuple): self.target_layer_ids = list(self.target_layer_ids)
+        self.validate()
 
     @property
     def is_domino(self) -> bool: return self.projector_type == "domino"
