@@ -16,7 +16,8 @@ from transformers import PreTrainedTokenizerFast
 
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
-           'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'build_chat_dataset', 'collate_chat']
+           'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask', 'build_chat_dataset',
+           'collate_chat']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -165,6 +166,16 @@ def tokenize_chat(tokenizer, messages: list[dict], seq_length: int, enable_think
         while j < len(spans) and start >= spans[j][1]: j += 1
         mask.append(int(j < len(spans) and spans[j][0] <= start))
     return {"input_ids": list(enc["input_ids"][:seq_length]), "loss_mask": mask[:seq_length]}
+
+# %% ../nbs/11_data.ipynb #883028f1
+def show_loss_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str:
+    "The decoded sequence with each supervised run wrapped in `[[` `]]` (for eyeballing a mask)."
+    out, run, cur = [], [], None
+    for t, m in zip(input_ids, loss_mask):
+        if m != cur and run: out.append(("[[{}]]" if cur else "{}").format(tokenizer.decode(run))); run = []
+        run.append(t); cur = m
+    if run: out.append(("[[{}]]" if cur else "{}").format(tokenizer.decode(run)))
+    return "".join(out)
 
 # %% ../nbs/11_data.ipynb #c8fd9f6d
 def build_chat_dataset(tokenizer, rows, seq_length: int, enable_thinking: bool = False, verbose: bool = True):
