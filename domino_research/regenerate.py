@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -182,4 +183,6 @@ def main(argv=None) -> dict:
 
 # %% ../nbs/12_regenerate.ipynb #70896f72
 #| eval: false
-if __name__ == "__main__": main()
+if __name__ == "__main__":
+    try: main()
+    except (ChatDataError, OSError) as e: sys.exit(f"regenerate: error: {e}")  # a clear message, exit status 1

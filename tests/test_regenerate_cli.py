@@ -62,6 +62,6 @@ def test_cli_bad_input_writes_nothing(target_dir, tmp_path):
     data, out = tmp_path / "bad.jsonl", tmp_path / "out.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n" + '{"messages": [{"role": "user"\n')
     r = run_cli("--target", target_dir, "--data", data, "--out", out)
-    assert r.returncode != 0
-    assert f"{data} line 2: invalid JSON" in r.stderr
+    assert r.returncode == 1
+    assert f"regenerate: error: {data} line 2: invalid JSON" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
