@@ -154,6 +154,16 @@ class DFlashDecoderLayer(GradientCheckpointingLayer):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 # %% ../nbs/03_draft.ipynb #e1940b0c
+def _check_mask(mask, B, Q, K):
+    "A dense mask must be `[B or 1, 1, Q, K]`, a BlockMask `Q_LEN=Q, KV_LEN=K` (K counts cached keys too)."
+    if mask is None: return
+    shape = tuple(mask.seq_lengths) if isinstance(mask, BlockMask) else tuple(mask.shape[-2:])
+    if shape != (Q, K) or (not isinstance(mask, BlockMask) and (mask.dim() != 4 or mask.shape[0] not in (1, B))):
+        got = f"BlockMask with (Q_LEN, KV_LEN)={shape}" if isinstance(mask, BlockMask) else f"shape {tuple(mask.shape)}"
+        raise ValueError(f"attention_mask has {got}, expected [B={B}, 1, Q={Q}, K={K}] with K = cached + context + block "
+                         "keys; when decoding with a cache pass attention_mask=None.")
+
+# %% ../nbs/03_draft.ipynb #2be5947f
 class DFlashDraftModel(PreTrainedModel):
     "DFlash draft backbone (+ Domino head parameters) on the target's captured features; on-disk names of SPEC §10."
     config_class = Qwen3Config
@@ -198,6 +208,7 @@ class DFlashDraftModel(PreTrainedModel):
                              "context positions followed by block positions.")
         if use_cache and past_key_values is None:
             raise ValueError("use_cache=True needs a cache object: pass past_key_values=DynamicCache() and keep it.")
+        _check_mask(attention_mask, B, Q, (past_key_values.get_seq_length() if past_key_values is not None else 0) + S + Q)
         dtype = self.fc.weight.dtype
         context = self.hidden_norm(self.fc(target_hidden.to(dtype)))                   # [B, S, H]
         h = noise_embedding.to(dtype)                                                   # [B, Q, H]
