@@ -72,28 +72,36 @@ def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens
 # %% ../nbs/12_regenerate.ipynb #ad763ef0
 def _prompts_of(messages: list[dict]) -> list[dict]: return [m for m in messages if m["role"] != "assistant"]
 
+def _check_record(line: bytes, where: str, rows: list[dict]) -> dict:
+    "One line of an existing output: a JSON record whose index is a row of the input and whose prompts are that row's."
+    try: rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ChatDataError(f"{where}: invalid JSON ({e.msg}); this file was not written by regenerate: use another --out") from None
+    i = rec.get("index") if isinstance(rec, dict) else None
+    if not isinstance(i, int) or not 0 <= i < len(rows):
+        raise ChatDataError(f"{where}: index {i!r} is not a row of the input ({len(rows)} rows); wrong --out file?")
+    mine, theirs = _prompts_of(normalize_chat_row(rec, where)["messages"]), _prompts_of(rows[i]["messages"])
+    if theirs[:len(mine)] != mine:
+        raise ChatDataError(f"{where}: row {i} was regenerated from different prompts than the input's row {i}; "
+                            "the output belongs to another dataset: use a new --out or delete the file")
+    return rec
+
 def _read_done(out_path: Path, rows: list[dict]) -> dict[int, dict]:
-    "Rows already written to `out_path` (index → line dict); cuts off a torn last line left by a crash."
-    done = {}
-    if not out_path.exists(): return done
+    "Rows already written to `out_path` (index → record). Every line is checked before the file is touched; then a torn last line left by a crash is cut off."
+    if not out_path.exists(): return {}
     raw = out_path.read_bytes()
-    lines = raw.split(b"\n")
-    if lines[-1]:  # no trailing newline: the last write was interrupted
-        print(f"{out_path}: dropping a torn last line ({len(lines[-1])} bytes) left by an interrupted run")
-        with open(out_path, "r+b") as f: f.truncate(len(raw) - len(lines[-1]))
-    for lineno, line in enumerate(lines[:-1], 1):
-        try: rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ChatDataError(f"{out_path} line {lineno}: invalid JSON ({e.msg}); this file was not written by regenerate, use another --out") from None
-        i = rec.get("index") if isinstance(rec, dict) else None
-        if not isinstance(i, int) or not 0 <= i < len(rows):
-            raise ChatDataError(f"{out_path} line {lineno}: index {i!r} is not a row of the input ({len(rows)} rows); wrong --out file?")
-        mine, theirs = _prompts_of(normalize_chat_row(rec, f"{out_path} line {lineno}")["messages"]), _prompts_of(rows[i]["messages"])
-        if theirs[:len(mine)] != mine:
-            raise ChatDataError(f"{out_path} line {lineno}: row {i} was regenerated from different prompts than the input's row {i}; "
-                                "the output belongs to another dataset: use a new --out or delete the file")
-        done[i] = rec
-    return done
+    body, newline, tail = raw.rpartition(b"\n")  # tail: bytes after the last newline; we always end a row with one
+    lines = body.split(b"\n") if newline else []
+    recs = [_check_record(line, f"{out_path} line {n}", rows) for n, line in enumerate(lines, 1) if line.strip()]
+    if tail:
+        try: json.loads(tail)
+        except json.JSONDecodeError:  # a torn write (a cut JSON object never parses): drop it
+            print(f"{out_path}: dropping a torn last line ({len(tail)} bytes) left by an interrupted run")
+            with open(out_path, "r+b") as f: f.truncate(len(raw) - len(tail))
+        else:  # a whole record that only lacks its newline
+            recs.append(_check_record(tail, f"{out_path} line {len(recs) + 1}", rows))
+            with open(out_path, "ab") as f: f.write(b"\n")
+    return {r["index"]: r for r in recs}
 
 def _append_row(f, rec: dict):
     f.write(json.dumps(rec, ensure_ascii=False) + "\n")  # one write per row
