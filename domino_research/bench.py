@@ -159,8 +159,10 @@ def _add_decode_parser(sub):
 
 def _cmd_decode(a):
     from .evaluation import decode_bench
-    decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
-                 candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
+    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
+                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
+    except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line, exit 1
+        sys.exit(f"bench decode: {e}")
 
 # %% ../nbs/07_bench.ipynb #cf32aa99
 #| eval: false

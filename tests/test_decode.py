@@ -1,0 +1,131 @@
+"""Decoding end to end: the `bench decode` command on a toy target/draft saved to disk, its refusals, and
+losslessness of speculative decoding on the embedded target over >= 50 prompts of its test split."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from domino_research.config import DFlashConfig
+from domino_research.data import toy_chat_tokenizer
+from domino_research.decode import greedy_generate, speculative_generate
+from domino_research.draft import DFlashDraftModel, draft_qwen3_config
+from domino_research.export import export_draft
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _bench(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "domino_research.bench", "decode", *map(str, args)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    "A toy tokenizer + random 8-layer target saved as a HF folder, an exported Domino draft, a prompts file."
+    d = tmp_path_factory.mktemp("toy")
+    corpus = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"] * 20
+    tok = toy_chat_tokenizer(corpus, vocab_size=300, extra_special_tokens=["<|mask|>"])
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
+    target = Qwen3ForCausalLM(cfg).eval()
+    target.save_pretrained(d / "target"); tok.save_pretrained(d / "target")
+    dfl = DFlashConfig(mask_token_id=tok.convert_tokens_to_ids("<|mask|>"), block_size=4, target_layer_ids=[1, 6],
+                       shift_label=True, projector_type="domino", emb_dim=8, gru_hidden_dim=12)
+    export_draft(DFlashDraftModel(draft_qwen3_config(cfg, dfl, 1)).eval(), d / "draft")
+    deep = Qwen3Config(**{**cfg.to_dict(), "num_hidden_layers": 12, "layer_types": None})
+    reads_10 = DFlashConfig(**{**dfl.to_dict(), "target_layer_ids": [1, 10]})
+    export_draft(DFlashDraftModel(draft_qwen3_config(deep, reads_10, 1)).eval(), d / "draft_deep")  # no layer 10 in the 8-layer target
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "print", "for i", "a + b")))
+    return d
+
+
+def test_bench_decode_json(toy):
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
+               "--n_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for k in ("tau", "tau_base", "per_slot_acceptance", "spec_tokens_per_s", "target_tokens_per_s", "speedup", "lossless",
+              "n_prompts", "profile", "tau_candidate"):
+        assert k in res, k
+    assert res["lossless"] is True and res["n_prompts"] == 3 and len(res["per_slot_acceptance"]) == 3
+    assert 1 <= res["tau"] <= 4 and "per_prompt" not in res
+
+
+def test_bench_decode_run_dir(toy, tmp_path):
+    "--draft also accepts a run directory holding checkpoints/step-N/draft."
+    ck = tmp_path / "run" / "checkpoints" / "step-7"
+    ck.mkdir(parents=True)
+    os.symlink(toy / "draft", ck / "draft")
+    r = _bench("--draft", tmp_path / "run", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
+               "--n_prompts", 1, "--max_new_tokens", 4, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is True
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("layers", "outside the target's 8 layers"),
+    ("no_config", "no draft found"),
+    ("bad_row", "bad.jsonl line 2"),
+    ("no_shift_label", "no `shift_label`"),
+])
+def test_bench_decode_refuses(toy, tmp_path, case, expect):
+    draft, prompts = toy / "draft", toy / "prompts.jsonl"
+    if case == "layers": draft = toy / "draft_deep"
+    if case == "no_config": draft = tmp_path
+    if case == "bad_row":
+        prompts = tmp_path / "bad.jsonl"
+        prompts.write_text('{"prompt": "ok"}\n{"messages": [{"role": "user"}]}\n')
+    if case == "no_shift_label":
+        draft = tmp_path / "d"
+        draft.mkdir()
+        (draft / "model.safetensors").symlink_to(toy / "draft" / "model.safetensors")
+        js = json.loads((toy / "draft" / "config.json").read_text())
+        del js["dflash_config"]["shift_label"]
+        (draft / "config.json").write_text(json.dumps(js))
+    r = _bench("--draft", draft, "--target", toy / "target", "--prompts", prompts, "--json")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""                                  # refused before any decoding
+
+
+# ---------------------------------------------------------------- the embedded target (SPEC §11)
+
+def _embedded():
+    try:
+        from domino_research.embedded import embedded_dataset_path, embedded_mask_token_id, load_embedded_target
+        model, tok = load_embedded_target()
+        return model, tok, embedded_dataset_path("test"), embedded_mask_token_id()
+    except Exception as e:  # noqa: BLE001 — the artifacts are built by another notebook
+        pytest.skip(f"embedded target not available: {type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("projector_type,shift_label", [("domino", True), (None, False)])
+def test_embedded_lossless_50_prompts(projector_type, shift_label):
+    """Speculative output == plain greedy on 50 test prompts of the embedded target, with an untrained (random) draft:
+    both stop rules are exercised (end-of-turn and max_new_tokens)."""
+    from domino_research.evaluation import encode_prompt, load_prompts, stop_token_ids
+    torch.set_num_threads(1)
+    model, tok, test_path, mask_id = _embedded()
+    torch.manual_seed(0)
+    dfl = DFlashConfig(mask_token_id=mask_id, block_size=16, shift_label=shift_label, projector_type=projector_type,
+                       emb_dim=16, gru_hidden_dim=32)
+    draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, 1)).eval()
+    stops = stop_token_ids(tok)
+    chats = load_prompts(test_path)[:50]
+    assert len(chats) == 50
+    ended = {"stop": 0, "limit": 0}
+    for chat in chats:
+        ids = encode_prompt(tok, chat)
+        ref = greedy_generate(model, ids, 48, stops)
+        out, st = speculative_generate(model, draft, ids, 48, stops)
+        assert out == ref, (chat, out, ref)
+        assert st["committed"] == len(out) - 1
+        ended["stop" if ref[-1] in stops else "limit"] += 1
+    assert ended["stop"] > 0 and ended["limit"] > 0, ended
