@@ -72,18 +72,19 @@ def naive_dual_ce(hidden: Tensor,            # [T, H] backbone output z
                 base_pred=base.argmax(-1).reshape(lead), final_pred=final.argmax(-1).reshape(lead))
 
 # %% ../nbs/05_loss.ipynb #398824e9
-def _ce_grad_(z: Tensor, y: Tensor, w: Tensor, want_grad: bool) -> Tensor:
-    "Σ w·CE(z, y) for logits `z [n, V]`; if `want_grad`, overwrite `z` in place with `w·(softmax(z) − onehot(y))`."
+def _ce_grad_(z: Tensor, y: Tensor, w: Tensor, scale: float | None) -> tuple[Tensor, Tensor]:
+    """(Σ w·CE(z, y), argmax) for logits `z [n, V]`. If `scale` is not None, overwrite `z` in place with
+    `scale·w·(softmax(z) − onehot(y))` — the gradient of `scale·Σ w·CE` — in five passes over `z`."""
     zy = z.gather(1, y[:, None])                                       # [n, 1]
-    m = z.amax(1, keepdim=True)                                        # [n, 1] (finite: logits are finite)
-    if not want_grad: return (w * (torch.logsumexp(z, 1) - zy[:, 0])).sum()
+    m, pred = z.max(1, keepdim=True)                                   # [n, 1] max and argmax in one pass
+    if scale is None: return (w * (torch.logsumexp(z, 1) - zy[:, 0])).sum(), pred[:, 0]
     z.sub_(m).exp_()                                                   # exp(z - m), in place
     se = z.sum(1, keepdim=True)                                        # [n, 1]
     ce = (se.log() + m - zy)[:, 0]                                     # logsumexp - z_y
-    z.div_(se)                                                         # softmax
-    z.scatter_add_(1, y[:, None], -torch.ones_like(zy))                # - onehot(y)
-    z.mul_(w[:, None])
-    return (w * ce).sum()
+    cw = scale * w[:, None]                                            # [n, 1]
+    z.mul_(cw / se)                                                    # scale·w·softmax
+    z.scatter_add_(1, y[:, None], -cw)                                 # - scale·w·onehot(y)
+    return (w * ce).sum(), pred[:, 0]
 
 def _silu_grad(a: Tensor) -> Tensor:
     sig = torch.sigmoid(a)
@@ -101,13 +102,12 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
     base_sum, final_sum = torch.zeros((), dtype=acc, device=dev), torch.zeros((), dtype=acc, device=dev)
     base_pred = torch.empty(T, dtype=torch.long, device=dev)
     final_pred = torch.empty(T, dtype=torch.long, device=dev)
-    want_grad = len(mixes) > 0
     if head is not None:
         head_input, proj_in, proj_out = head
         a = head_input @ proj_in.T                                     # [T, E]
         on = (torch.ones(T, dtype=torch.bool, device=dev) if use_delta is None else use_delta.bool())[:, None]
         u = F.silu(a) * on                                             # [T, E]; rows without the correction -> delta == 0
-        po_acc = proj_out.to(acc)                                      # [V, E]
+        po_acc, u_acc = proj_out.to(acc), u.to(acc)                     # [V, E], [T, E]
     grads = []
     for cb, cf in mixes:
         g = {}
@@ -117,6 +117,12 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
             g["u"] = torch.zeros(T, proj_out.shape[1], dtype=acc, device=dev)
             g["proj_out"] = torch.zeros_like(proj_out, dtype=acc)
         grads.append(g)
+    # Coefficients folded into the logit gradients: two mixes are (1,0),(0,1) -> both gradients unscaled;
+    # one mix (cb, cf) -> scale them by cb and cf (no head: final == base, so zb alone carries cb + cf).
+    if not mixes: sb = sf = None
+    elif len(mixes) == 2: sb, sf = 1.0, 1.0
+    elif head is None: sb, sf = mixes[0][0] + mixes[0][1], None
+    else: sb, sf = (c if c != 0 else None for c in mixes[0])
     n0 = min(chunk_size, T)
     buf_b = torch.empty(n0, V, dtype=acc, device=dev)                  # [chunk, V], reused
     buf_f = torch.empty(n0, V, dtype=acc, device=dev) if head is not None else None
@@ -125,25 +131,25 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
         sl = slice(i0, min(i0 + chunk_size, T))
         n = sl.stop - sl.start
         zb = mm(hidden[sl], weight.T, buf_b[:n])                       # [n, V] base logits
-        zf = zb
         if head is not None:
             zf = buf_f[:n]
             if dt == acc: torch.addmm(zb, u[sl], proj_out.T, out=zf)   # [n, V] final = base + delta
             else: torch.add(zb, u[sl] @ proj_out.T, out=zf)
-            final_pred[sl] = zf.argmax(1)
-        base_pred[sl] = zb.argmax(1)
-        base_sum += _ce_grad_(zb, labels[sl], w[sl], want_grad)
-        if head is not None: final_sum += _ce_grad_(zf, labels[sl], w[sl], want_grad)
-        for k, (cb, cf) in enumerate(mixes):
-            g = grads[k]
-            if "u" in g:
-                g["proj_out"].addmm_(zf.T, u[sl].to(acc), alpha=cf)   # [V, E]
-                g["u"][sl] = (zf @ po_acc) * cf                        # [n, E]
-            if zf is zb: gl = zb if cb + cf == 1 else zb * (cb + cf)   # no head: final == base
-            elif (cb, cf) == (1, 0): gl = zb
-            elif (cb, cf) == (0, 1): gl = zf
-            elif k == len(mixes) - 1: gl = zf.mul_(cf).add_(zb, alpha=cb)  # last use of zf: combine in place
-            else: gl = zf * cf + zb * cb
+        s, base_pred[sl] = _ce_grad_(zb, labels[sl], w[sl], sb)        # zb -> sb·∂S_base/∂base
+        base_sum += s
+        if head is not None:
+            s, final_pred[sl] = _ce_grad_(zf, labels[sl], w[sl], sf)   # zf -> sf·∂S_final/∂final
+            final_sum += s
+        for k, g in enumerate(grads):
+            if "u" in g:                                               # the correction only feels S_final
+                g["proj_out"].addmm_(zf.T, u_acc[sl])                  # [V, E]
+                g["u"][sl] = zf @ po_acc                               # [n, E]
+            if len(mixes) == 2: gl = (zb, zf)[k]
+            elif head is None or sf is None: gl = zb if sb is not None else None
+            else: gl = zf.add_(zb) if sb is not None else zf           # last use of zf: combine in place
+            if gl is None:                                             # mix (0, 0): zero gradient
+                if "hidden" in g: g["hidden"][sl].zero_()
+                continue
             if "hidden" in g: mm(gl.to(dt), weight, g["hidden"][sl])   # [n, H]
             if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].to(acc))  # [V, H]
     if head is None: final_sum, final_pred = base_sum.clone(), base_pred.clone()
