@@ -1,0 +1,77 @@
+"""The ablation notebook end to end under papermill: a tiny table (DFlash + Domino, two seeds, two steps) on the random
+target, checked for its files, the results.json schema, the table, the plots and the deleted weights."""
+import json, math, os, subprocess, sys
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, write_config
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+PNG = b"\x89PNG\r\n\x1a\n"
+SPREAD = {"mean", "std", "min", "max", "n"}
+
+
+def tiny_configs(tiny, tmp_path) -> dict:
+    "The two recipe configs of the tiny setting (DFlash has no head keys)."
+    base = {k: v for k, v in tiny["base"].items() if k not in ("output_dir", "recipe")}
+    dflash = {k: v for k, v in base.items() if k not in ("emb_dim", "gru_hidden_dim")}
+    return {"embedded_dflash": write_config(tmp_path / "dflash.yaml", {"recipe": "dflash", **dflash}),
+            "embedded_domino": write_config(tmp_path / "domino.yaml", {"recipe": "domino", **base})}
+
+
+def test_papermill_ablations_notebook(tiny, tmp_path):
+    out = tmp_path / "abl"
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "ablations.ipynb"), str(tmp_path / "ablations.ipynb"),
+           "--cwd", str(REPO / "nbs"), "-p", "out_dir", str(out), "-p", "steps", "2", "-y", "seeds: [0, 1]",
+           "-p", "variants", "dflash,domino", "-p", "n_eval_prompts", "2", "-p", "max_new_tokens", "8",
+           "-p", "prompts", str(tiny["root"] / "val.jsonl"), "-p", "configs", yaml.safe_dump(tiny_configs(tiny, tmp_path))]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+
+    assert {"results.json", "results.md", "tau.png", "training_curves.png", "per_slot_acceptance.png", "runs"} <= \
+        {q.name for q in out.iterdir()}
+    for png in ("tau.png", "training_curves.png", "per_slot_acceptance.png"):
+        assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5_000, png
+
+    res = json.loads((out / "results.json").read_text())           # strict JSON: no NaN
+    assert res["meta"]["steps"] == 2 and res["meta"]["seeds"] == [0, 1] and res["meta"]["variants"] == ["dflash", "domino"]
+    assert list(res["variants"]) == ["dflash", "domino"]
+    for name, d in res["variants"].items():
+        for k in ("tau", "tau_base", "accuracy", "accept_len"):
+            assert set(d[k]) == SPREAD and d[k]["n"] == 2, (name, k)
+        t = d["tau"]
+        assert 1 <= t["min"] <= t["mean"] <= t["max"] <= d["block_size"] == 4
+        seeds = [d["per_seed"][s]["tau"] for s in ("0", "1")]
+        assert math.isclose(t["mean"], sum(seeds) / 2) and math.isclose(t["std"], abs(seeds[0] - seeds[1]) / math.sqrt(2))
+        assert len(d["per_slot_acceptance"]) == 3 and d["lossless"] is True
+        assert all(d["per_seed"][s]["steps"] == 2 for s in ("0", "1"))
+    assert res["variants"]["dflash"]["recipe"] == "dflash" and res["variants"]["domino"]["recipe"] == "domino"
+    assert res["variants"]["dflash"]["tau_over_baseline"] is None
+    r = res["domino_over_dflash_tau"]
+    mean = lambda n: res["variants"][n]["tau"]["mean"]
+    assert math.isclose(r["value"], mean("domino") / mean("dflash"))
+    assert set(r["paired"]) == {"0", "1"} and r["paired_min"] <= r["paired_max"] and r["paired_std"] is not None
+    assert r["all_pairs_range"][0] <= r["paired_min"] and r["paired_max"] <= r["all_pairs_range"][1]
+
+    md = (out / "results.md").read_text()
+    rows = [l for l in md.splitlines() if l.startswith("| `")]
+    assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`"]
+    assert all(len(l.split("|")) == 13 for l in rows)               # 11 columns
+    assert f"Domino τ / DFlash τ = {r['value']:.3f}" in md
+
+    for n in ("dflash", "domino"):
+        for s in (0, 1):
+            run = out / "runs" / n / f"seed{s}"
+            assert {"result.json", "metrics.jsonl", "config.yaml", "trained.json"} <= {q.name for q in run.iterdir()}
+    assert not list(out.rglob("*.safetensors")) and not list(out.rglob("checkpoints"))   # weights deleted
+
+
+def test_bad_variant_fails_before_training(tiny, tmp_path):
+    out = tmp_path / "abl"
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "ablations.ipynb"), str(tmp_path / "a.ipynb"),
+           "--cwd", str(REPO / "nbs"), "-p", "out_dir", str(out), "-p", "variants", "dflash,domin",
+           "-p", "configs", yaml.safe_dump(tiny_configs(tiny, tmp_path))]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "unknown ['domin']" in p.stderr and "choose from" in p.stderr
+    assert not (out / "runs").exists()
