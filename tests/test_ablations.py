@@ -7,7 +7,7 @@ import yaml
 
 from conftest import REPO, write_config
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 PNG = b"\x89PNG\r\n\x1a\n"
 SPREAD = {"mean", "std", "min", "max", "n"}
 
