@@ -43,6 +43,11 @@ def _rss_mb() -> float:
     "Current resident set of this process (Linux /proc)."
     with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
+def _cpu_s() -> float:
+    "CPU seconds (user + system, all threads) used by this process: less sensitive than wall time to other load."
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
 def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # Linux: KiB
 
@@ -57,19 +62,20 @@ def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: st
     kw = {} if variant == "naive" else dict(chunk_size=chunk_size, lambda_base=lambda_base if variant == "chunked" else None)
     if cuda: torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base_mb = torch.cuda.memory_allocated() / 2**20
     else: base_mb = _rss_mb()
-    times, loss = [], None
+    times, cpu, loss = [], [], None
     for _ in range(repeats):
         for k in ("hidden", "head_input", "proj_in", "proj_out"): x[k].grad = None
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_s(), time.perf_counter()
         out = fn(**x, **kw)
         wsum = x["weights"].sum() + 1e-6
         loss = ((1 - lambda_base) * out["final_ce_sum"] + lambda_base * out["base_ce_sum"]) / wsum
         loss.backward()
         if cuda: torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0); cpu.append(_cpu_s() - c0)
         del out
     peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if cuda else _maxrss_mb()) - base_mb
     return dict(variant=variant, peak_mb=round(peak_mb, 1), seconds=round(min(times), 3), times_s=[round(t, 3) for t in times],
+                cpu_s=round(min(cpu), 3),
                 baseline_mb=round(base_mb, 1), loss=float(loss), grad_hidden_norm=float(x["hidden"].grad.norm()))
 
 # %% ../nbs/07_bench.ipynb #9eadcde6
@@ -96,6 +102,7 @@ def bench_loss(tokens: int = 1024, vocab: int = 151936, hidden: int = 4096, emb:
     out = dict(naive_peak_mb=nv["peak_mb"], efficient_peak_mb=ef["peak_mb"],
                memory_ratio=round(ef["peak_mb"] / max(nv["peak_mb"], 1e-9), 4),
                naive_s=nv["seconds"], efficient_s=ef["seconds"], time_ratio=round(ef["seconds"] / nv["seconds"], 4),
+               naive_cpu_s=nv["cpu_s"], efficient_cpu_s=ef["cpu_s"], cpu_time_ratio=round(ef["cpu_s"] / max(nv["cpu_s"], 1e-9), 4),
                loss_abs_diff=abs(ef["loss"] - nv["loss"]),
                shape=dict(shape, slots=tokens, chunk_size=chunk_size, dtype=dtype, device=device, lambda_base=lambda_base),
                torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"), variants=res)
@@ -129,40 +136,19 @@ def _cmd_loss(a):
     r = bench_loss(a.tokens, a.vocab, a.hidden, a.emb, a.gru, a.dtype, a.device, a.chunk_size, a.lambda_base, a.repeats, a.variants)
     if a.json: print(json.dumps(r)); return
     print(f"shape {r['shape']}")
-    for k in ("naive_peak_mb", "efficient_peak_mb", "memory_ratio", "naive_s", "efficient_s", "time_ratio", "loss_abs_diff"):
+    for k in ("naive_peak_mb", "efficient_peak_mb", "memory_ratio", "naive_s", "efficient_s", "time_ratio", "cpu_time_ratio", "loss_abs_diff"):
         print(f"{k:>18}: {r[k]}")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_research.bench", description="domino_research benchmarks")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode}")   # internal subcommands stay unlisted
+    sub = p.add_subparsers(dest="command", required=True, metavar="{loss}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
-    _add_decode_parser(sub)                                               # defined in the "Decoding" cell below
+    # issue 5: register the decoding benchmark here, e.g. `_add_decode_parser(sub)` for `decode --draft DIR ... --json`
     return p
 
 def main(argv=None):
     a = _parser().parse_args(argv)
     a.func(a)
-
-# %% ../nbs/07_bench.ipynb #d3c0de02
-def _add_decode_parser(sub):
-    p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless")
-    p.add_argument("--draft", required=True, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir")
-    p.add_argument("--target", default=None, help="target model folder (default: the embedded target)")
-    p.add_argument("--prompts", default=None, help="JSONL of chats or {\"prompt\": ...} rows (default: the embedded test split)")
-    p.add_argument("--n_prompts", type=int, default=50)
-    p.add_argument("--max_new_tokens", type=int, default=128)
-    p.add_argument("--candidate_k", type=int, action="append", default=[], help="also decode with a top-K candidate pool (repeatable)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_decode)
-
-def _cmd_decode(a):
-    from .evaluation import decode_bench
-    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
-                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
-    except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line, exit 1
-        sys.exit(f"bench decode: {e}")
 
 # %% ../nbs/07_bench.ipynb #cf32aa99
 #| eval: false

@@ -94,6 +94,10 @@ def _silu_grad(a: Tensor) -> Tensor:
 def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
     """One pass over chunks of slots. `mixes`: list of (cb, cf); for each, the gradients of `cb·S_base + cf·S_final`
     w.r.t. the inputs flagged in `need` (keys hidden, weight, head). Returns (base_sum, final_sum, base_pred, final_pred, grads)."""
+    with torch.autocast(hidden.device.type, enabled=False):            # this function controls every dtype itself
+        return _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need)
+
+def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
     T, H = hidden.shape
     V = weight.shape[0]
     dev, dt = hidden.device, hidden.dtype
@@ -127,7 +131,11 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
     buf_b = torch.empty(n0, V, dtype=acc, device=dev)                  # [chunk, V], reused
     buf_f = torch.empty(n0, V, dtype=acc, device=dev) if head is not None else None
     mm = (lambda x, y, out: torch.mm(x, y, out=out)) if dt == acc else (lambda x, y, out: out.copy_(x @ y))
-    for i0 in range(0, T, chunk_size):
+    starts = list(range(0, T, chunk_size))
+    if mixes:                                                          # rows with w == 0 have a zero gradient: skip them
+        nz_rows = torch.nonzero(w != 0)[:, 0]                          # [T_nz] sorted
+        bounds = torch.searchsorted(nz_rows, torch.tensor(starts + [T], device=dev)).tolist()
+    for ci, i0 in enumerate(starts):
         sl = slice(i0, min(i0 + chunk_size, T))
         n = sl.stop - sl.start
         zb = mm(hidden[sl], weight.T, buf_b[:n])                       # [n, V] base logits
@@ -147,11 +155,17 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
             if len(mixes) == 2: gl = (zb, zf)[k]
             elif head is None or sf is None: gl = zb if sb is not None else None
             else: gl = zf.add_(zb) if sb is not None else zf           # last use of zf: combine in place
-            if gl is None:                                             # mix (0, 0): zero gradient
-                if "hidden" in g: g["hidden"][sl].zero_()
+            n_nz = 0 if gl is None else bounds[ci + 1] - bounds[ci]
+            if n_nz == n:                                              # every row has weight: one matmul per input
+                if "hidden" in g: mm(gl.to(dt), weight, g["hidden"][sl])   # [n, H]
+                if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].to(acc))  # [V, H]
                 continue
-            if "hidden" in g: mm(gl.to(dt), weight, g["hidden"][sl])   # [n, H]
-            if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].to(acc))  # [V, H]
+            if "hidden" in g: g["hidden"][sl].zero_()
+            if n_nz == 0: continue
+            rows = nz_rows[bounds[ci]:bounds[ci + 1]] - i0             # [n_nz] rows of this chunk with weight
+            gl = gl.index_select(0, rows)                              # [n_nz, V]
+            if "hidden" in g: g["hidden"][sl].index_copy_(0, rows, (gl.to(dt) @ weight))
+            if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].index_select(0, rows).to(acc))
     if head is None: final_sum, final_pred = base_sum.clone(), base_pred.clone()
     for g in grads:
         if "u" in g:
@@ -210,6 +224,20 @@ class _ChunkedDualCE(torch.autograd.Function):
                 None, None, None, None)
 
 # %% ../nbs/05_loss.ipynb #25d5b5c6
+def _autocast_inputs(hidden, *rest):
+    "Cast the float inputs to the autocast dtype if autocast is on for their device; else require one dtype."
+    dev = hidden.device.type
+    ts = (hidden, *rest)
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        return tuple(None if t is None else t.to(dt) for t in ts)
+    names = ("hidden", "lm_head_weight", "head_input", "proj_in", "proj_out")
+    dts = {n: t.dtype for n, t in zip(names, ts) if t is not None}
+    if len(set(dts.values())) > 1:
+        raise ValueError(f"chunked_dual_ce: all float inputs must share one dtype (or run under torch.autocast); got {dts}")
+    return ts
+
+# %% ../nbs/05_loss.ipynb #120d4374
 def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone output z
                     lm_head_weight: Tensor,    # [V, H] frozen target LM head
                     labels: Tensor,            # [T] Long, valid ids everywhere (masked slots: weight 0)
@@ -227,6 +255,7 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
     if chunk_size < 1: raise ValueError(f"chunked_dual_ce: chunk_size must be >= 1, got {chunk_size}")
     if lambda_base is not None and not 0.0 <= float(lambda_base) <= 1.0:
         raise ValueError(f"chunked_dual_ce: lambda_base must be in [0, 1] or None, got {lambda_base}")
+    hidden, lm_head_weight, head_input, proj_in, proj_out = _autocast_inputs(hidden, lm_head_weight, head_input, proj_in, proj_out)
     hidden, labels, weights = hidden.contiguous(), labels.contiguous(), weights.contiguous()
     if head_input is not None: head_input = head_input.contiguous()
     bs_, fs_, bp, fp = _ChunkedDualCE.apply(hidden, lm_head_weight, labels, weights, head_input, proj_in, proj_out,
