@@ -243,8 +243,9 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     from domino_research.train import main
     from domino_research.evaluation import evaluate_draft
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
-    kw = {**overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000, "save_every_steps": None,
-          "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
+    # validation only at the end unless base_overrides asks for more; the rest is forced
+    kw = {"eval_every_steps": None, **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,
+          "save_every_steps": None, "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens}
