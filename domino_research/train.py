@@ -81,6 +81,7 @@ class DFlashTrainConfig:
     wandb_project: Optional[str] = None        # log through accelerate's wandb tracker when set
     decode_eval_prompts: int = 0               # >0: speculative-decoding evaluation on that many test prompts at the end
     decode_max_new_tokens: int = 128
+    decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
 
     @property
     def run_dir(self) -> Path: return Path(self.output_dir) / self.run_name
@@ -122,6 +123,8 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
            "flex_attention has no backward on CPU (SPEC §12); use 'sdpa' on CPU")
     _check(cfg.on_nonfinite in ("stop", "skip"), "on_nonfinite", f"must be 'stop' or 'skip' (got {cfg.on_nonfinite!r})")
     _check(cfg.loss_decay_gamma is None or cfg.loss_decay_gamma > 0, "loss_decay_gamma", f"must be > 0 or null (got {cfg.loss_decay_gamma})")
+    _check(cfg.decode_eval_prompts == 0 or cfg.decode_prompts is not None or cfg.target == "embedded", "decode_prompts",
+           "is required when decode_eval_prompts > 0 with a target other than the embedded one (a prompts JSONL)")
     if isinstance(cfg, DominoTrainConfig):
         _check(0 <= cfg.lambda_base_start <= 1, "lambda_base_start", f"must be in [0, 1] (got {cfg.lambda_base_start})")
         _check(cfg.lambda_base_decay_ratio >= 0, "lambda_base_decay_ratio", f"must be >= 0 (got {cfg.lambda_base_decay_ratio})")
@@ -360,7 +363,9 @@ class TrainDFlashRecipe:
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
 
     def _features(self, batch) -> torch.Tensor:
-        return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, batch["attention_mask"])
+        # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target
+        return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, batch["attention_mask"],
+                                stop_early=not self.cfg.shard_target)
 
     def _add_anchors(self, batch, generator) -> bool:
         "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
@@ -612,10 +617,14 @@ def main(config_path=None, **overrides) -> dict:
     return result
 
 def _decode_eval(cfg) -> dict:
-    from domino_research.decode import evaluate_draft
-    res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target),
-                         n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens)
-    (cfg.run_dir / "eval.json").write_text(json.dumps(res, indent=2))
+    "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."
+    from domino_research.evaluation import evaluate_draft, plot_eval
+    prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
+    res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
+                         n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
+                         enable_thinking=cfg.enable_thinking)
+    (cfg.run_dir / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    plot_eval(res, cfg.run_dir / "plots")
     return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
 
 def _print_summary(cfg, result: dict):
