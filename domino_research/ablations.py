@@ -255,6 +255,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == fp["config"] and (run_dir / "draft" / "model.safetensors").is_file()):
+        shutil.rmtree(run_dir, ignore_errors=True)      # a stale run's metrics.jsonl would be appended to, not replaced
         t0 = time.perf_counter()
         final = main(config, **kw)
         trained = {"fingerprint": fp["config"], "final": final, "train_seconds": time.perf_counter() - t0}
