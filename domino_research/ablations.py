@@ -73,9 +73,9 @@ def resolve_variant(name: str, variant: Variant, block_size: Optional[int] = Non
 # %% ../nbs/40_ablations.ipynb #75a88c19
 def _seed_key(s): return (0, int(s), "") if str(s).lstrip("-").isdigit() else (1, 0, str(s))   # 2 before 10
 
-def spread(values: list[float]) -> dict:
-    "Mean, sample std (None for fewer than 2 values), min, max and count of a list of numbers."
-    vals = [float(v) for v in values]
+def spread(values: list[Optional[float]]) -> dict:
+    "Mean, sample std (None for fewer than 2 values), min, max and count; None entries (e.g. no validation) left out."
+    vals = [float(v) for v in values if v is not None]
     if not vals: return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
             "min": min(vals), "max": max(vals), "n": len(vals)}
@@ -292,6 +292,9 @@ def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Op
     unknown = [v for v in variants if v not in table]
     if unknown: raise ConfigError(f"variants: unknown {unknown}; choose from {list(table)}")
     if len(set(variants)) != len(variants): raise ConfigError(f"variants: listed twice in {variants}")
+    known = set().union(*(_config_fields((configs or {}).get(table[n].config, table[n].config)) for n in variants))
+    typos = sorted(set(base_overrides or {}) - known)
+    if typos: raise ConfigError(f"base_overrides: {typos} are keys of none of the recipe configs of {variants}")
     return {n: resolve_variant(n, table[n], block_size, base_overrides, configs) for n in variants}
 
 def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_new_tokens: int,
