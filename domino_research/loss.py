@@ -95,9 +95,26 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
     """One pass over chunks of slots. `mixes`: list of (cb, cf); for each, the gradients of `cb·S_base + cf·S_final`
     w.r.t. the inputs flagged in `need` (keys hidden, weight, head). Returns (base_sum, final_sum, base_pred, final_pred, grads)."""
     with torch.autocast(hidden.device.type, enabled=False):            # this function controls every dtype itself
-        return _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need)
+        T = hidden.shape[0]
+        has_w = weights != 0
+        n_w = int(has_w.sum())
+        if not mixes or n_w == T or bool(has_w[:n_w].all()):         # no gradients, or weighted rows already first
+            return _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, n_w)
+        # Rows with w == 0 have a zero gradient: sort the weighted rows first (stable), so every chunk's gradient
+        # matmuls run on a leading slice, then put the per-row results back in the caller's order.
+        perm = torch.argsort((~has_w).to(torch.int8), stable=True)    # [T]
+        pr = lambda t: None if t is None else t.index_select(0, perm)
+        head_p = None if head is None else (pr(head[0]), head[1], head[2])
+        bs_, fs_, bp, fp, grads = _dual_ce_pass_(pr(hidden), weight, pr(labels), pr(weights), head_p, pr(use_delta),
+                                                 chunk_size, mixes, need, n_w)
+        unp = lambda t: torch.empty_like(t).index_copy_(0, perm, t)   # out[perm[i]] = t[i]
+        for g in grads:
+            for k in ("hidden", "head_input"):
+                if k in g: g[k] = unp(g[k])
+        return bs_, fs_, unp(bp), unp(fp), grads
 
-def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
+def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, n_w):
+    "The pass proper; rows `[0, n_w)` have weight, rows `[n_w, T)` have weight 0 (no gradient work)."
     T, H = hidden.shape
     V = weight.shape[0]
     dev, dt = hidden.device, hidden.dtype
@@ -131,11 +148,7 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
     buf_b = torch.empty(n0, V, dtype=acc, device=dev)                  # [chunk, V], reused
     buf_f = torch.empty(n0, V, dtype=acc, device=dev) if head is not None else None
     mm = (lambda x, y, out: torch.mm(x, y, out=out)) if dt == acc else (lambda x, y, out: out.copy_(x @ y))
-    starts = list(range(0, T, chunk_size))
-    if mixes:                                                          # rows with w == 0 have a zero gradient: skip them
-        nz_rows = torch.nonzero(w != 0)[:, 0]                          # [T_nz] sorted
-        bounds = torch.searchsorted(nz_rows, torch.tensor(starts + [T], device=dev)).tolist()
-    for ci, i0 in enumerate(starts):
+    for i0 in range(0, T, chunk_size):
         sl = slice(i0, min(i0 + chunk_size, T))
         n = sl.stop - sl.start
         zb = mm(hidden[sl], weight.T, buf_b[:n])                       # [n, V] base logits
@@ -155,17 +168,11 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
             if len(mixes) == 2: gl = (zb, zf)[k]
             elif head is None or sf is None: gl = zb if sb is not None else None
             else: gl = zf.add_(zb) if sb is not None else zf           # last use of zf: combine in place
-            n_nz = 0 if gl is None else bounds[ci + 1] - bounds[ci]
-            if n_nz == n:                                              # every row has weight: one matmul per input
-                if "hidden" in g: mm(gl.to(dt), weight, g["hidden"][sl])   # [n, H]
-                if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].to(acc))  # [V, H]
-                continue
-            if "hidden" in g: g["hidden"][sl].zero_()
-            if n_nz == 0: continue
-            rows = nz_rows[bounds[ci]:bounds[ci + 1]] - i0             # [n_nz] rows of this chunk with weight
-            gl = gl.index_select(0, rows)                              # [n_nz, V]
-            if "hidden" in g: g["hidden"][sl].index_copy_(0, rows, (gl.to(dt) @ weight))
-            if "weight" in g: g["weight"].addmm_(gl.T, hidden[sl].index_select(0, rows).to(acc))
+            k = 0 if gl is None else min(max(n_w - i0, 0), n)          # leading rows of this chunk with weight
+            if "hidden" in g:
+                if k: mm(gl[:k].to(dt), weight, g["hidden"][i0:i0 + k])   # [k, H]
+                g["hidden"][i0 + k:sl.stop].zero_()
+            if "weight" in g and k: g["weight"].addmm_(gl[:k].T, hidden[i0:i0 + k].to(acc))  # [V, H]
     if head is None: final_sum, final_pred = base_sum.clone(), base_pred.clone()
     for g in grads:
         if "u" in g:
