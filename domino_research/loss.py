@@ -145,34 +145,43 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
     elif head is None: sb, sf = mixes[0][0] + mixes[0][1], None
     else: sb, sf = (c if c != 0 else None for c in mixes[0])
     n0 = min(chunk_size, T)
-    buf_b = torch.empty(n0, V, dtype=acc, device=dev)                  # [chunk, V], reused
-    buf_f = torch.empty(n0, V, dtype=acc, device=dev) if head is not None else None
+    # Final logits go through sub-blocks of <= 128 rows (a small buffer) and are folded into the base buffer, except
+    # when both gradients are kept separately (two mixes), which needs a second full [chunk, V] buffer.
+    sub = n0 if len(mixes) == 2 else min(n0, 128)
+    buf_b = torch.empty(n0, V, dtype=acc, device=dev)                  # [chunk, V], reused for every chunk
+    buf_f = torch.empty(sub, V, dtype=acc, device=dev) if head is not None else None
     mm = (lambda x, y, out: torch.mm(x, y, out=out)) if dt == acc else (lambda x, y, out: out.copy_(x @ y))
     for i0 in range(0, T, chunk_size):
         sl = slice(i0, min(i0 + chunk_size, T))
         n = sl.stop - sl.start
         zb = mm(hidden[sl], weight.T, buf_b[:n])                       # [n, V] base logits
-        if head is not None:
-            zf = buf_f[:n]
-            if dt == acc: torch.addmm(zb, u[sl], proj_out.T, out=zf)   # [n, V] final = base + delta
-            else: torch.add(zb, u[sl] @ proj_out.T, out=zf)
-        s, base_pred[sl] = _ce_grad_(zb, labels[sl], w[sl], sb)        # zb -> sb·∂S_base/∂base
-        base_sum += s
-        if head is not None:
-            s, final_pred[sl] = _ce_grad_(zf, labels[sl], w[sl], sf)   # zf -> sf·∂S_final/∂final
+        if head is None:
+            s, base_pred[sl] = _ce_grad_(zb, labels[sl], w[sl], sb)    # zb -> sb·∂S_base/∂base
+            base_sum += s
+        for j0 in range(0, n if head is not None else 0, sub):
+            r = slice(i0 + j0, min(i0 + j0 + sub, sl.stop))            # rows of this sub-block
+            zbj, zf = zb[j0:j0 + sub], buf_f[:r.stop - r.start]        # [r, V] each
+            if dt == acc: torch.addmm(zbj, u[r], proj_out.T, out=zf)   # final = base + delta
+            else: torch.add(zbj, u[r] @ proj_out.T, out=zf)
+            s, final_pred[r] = _ce_grad_(zf, labels[r], w[r], sf)      # zf -> sf·∂S_final/∂final
             final_sum += s
-        for k, g in enumerate(grads):
-            if "u" in g:                                               # the correction only feels S_final
-                g["proj_out"].addmm_(zf.T, u_acc[sl])                  # [V, E]
-                g["u"][sl] = zf @ po_acc                               # [n, E]
-            if len(mixes) == 2: gl = (zb, zf)[k]
-            elif head is None or sf is None: gl = zb if sb is not None else None
-            else: gl = zf.add_(zb) if sb is not None else zf           # last use of zf: combine in place
-            k = 0 if gl is None else min(max(n_w - i0, 0), n)          # leading rows of this chunk with weight
+            for g in grads:
+                if "u" in g:                                           # the correction only feels S_final
+                    g["proj_out"].addmm_(zf.T, u_acc[r])               # [V, E]
+                    g["u"][r] = zf @ po_acc                            # [r, E]
+            s, base_pred[r] = _ce_grad_(zbj, labels[r], w[r], sb)      # zbj -> sb·∂S_base/∂base
+            base_sum += s
+            if len(mixes) == 1 and sf is not None:                     # one mix: zb becomes the combined gradient
+                if sb is not None: zbj.add_(zf)
+                else: zbj.copy_(zf)
+        for i, g in enumerate(grads):
+            if len(mixes) == 2: gl = (zb, buf_f[:n])[i]
+            else: gl = zb if (sb is not None or sf is not None) else None   # None: the mix is (0, 0)
+            nk = 0 if gl is None else min(max(n_w - i0, 0), n)         # leading rows of this chunk with weight
             if "hidden" in g:
-                if k: mm(gl[:k].to(dt), weight, g["hidden"][i0:i0 + k])   # [k, H]
-                g["hidden"][i0 + k:sl.stop].zero_()
-            if "weight" in g and k: g["weight"].addmm_(gl[:k].T, hidden[i0:i0 + k].to(acc))  # [V, H]
+                if nk: mm(gl[:nk].to(dt), weight, g["hidden"][i0:i0 + nk])   # [nk, H]
+                g["hidden"][i0 + nk:sl.stop].zero_()
+            if "weight" in g and nk: g["weight"].addmm_(gl[:nk].T, hidden[i0:i0 + nk].to(acc))  # [V, H]
     if head is None: final_sum, final_pred = base_sum.clone(), base_pred.clone()
     for g in grads:
         if "u" in g:
