@@ -87,7 +87,7 @@ def _run_variant_subprocess(variant: str, **kw) -> dict:
         raise RuntimeError(f"bench loss: variant '{variant}' failed (exit {p.returncode}); command: {' '.join(cmd)}\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
-def bench_loss(tokens: int = 1024, vocab: int = 151936, hidden: int = 4096, emb: int = 256, gru: int = 1024,
+def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb: int = 256, gru: int = 1024,
                dtype: str = "float32", device: str = "cpu", chunk_size: int = 256, lambda_base: float = 0.5,
                repeats: int = 1, variants: str = "naive,chunked") -> dict:
     "Naive vs chunked dual CE, forward + backward, each in a fresh subprocess: peak memory, time and their ratios."
@@ -111,7 +111,7 @@ def bench_loss(tokens: int = 1024, vocab: int = 151936, hidden: int = 4096, emb:
 # %% ../nbs/07_bench.ipynb #6c6efd13
 def _add_loss_parser(sub):
     p = sub.add_parser("loss", help="memory and time of naive vs chunked dual CE (forward + backward)")
-    p.add_argument("--tokens", type=int, default=1024, help="slots T = N·bs (default 1024: 64 blocks of 16)")
+    p.add_argument("--tokens", type=int, default=2048, help="slots T = N·bs (default 2048: 128 blocks of 16)")
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--emb", type=int, default=256)
