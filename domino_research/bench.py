@@ -141,14 +141,35 @@ def _cmd_loss(a):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m domino_research.bench", description="domino_research benchmarks")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{loss}")   # internal subcommands stay unlisted
+    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
-    # issue 5: register the decoding benchmark here, e.g. `_add_decode_parser(sub)` for `decode --draft DIR ... --json`
+    _add_decode_parser(sub)                                               # issue 5: the "Decoding" cell below
     return p
 
 def main(argv=None):
     a = _parser().parse_args(argv)
     a.func(a)
+
+# %% ../nbs/07_bench.ipynb #d3c0de02
+def _add_decode_parser(sub):
+    p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless")
+    p.add_argument("--draft", required=True, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir")
+    p.add_argument("--target", default=None, help="target model folder (default: the embedded target)")
+    p.add_argument("--prompts", default=None, help="JSONL of chats or {\"prompt\": ...} rows (default: the embedded test split)")
+    p.add_argument("--n_prompts", type=int, default=50)
+    p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--candidate_k", type=int, action="append", default=[], help="also decode with a top-K candidate pool (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_decode)
+
+def _cmd_decode(a):
+    from .evaluation import decode_bench
+    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
+                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
+    except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line, exit 1
+        sys.exit(f"bench decode: {e}")
 
 # %% ../nbs/07_bench.ipynb #cf32aa99
 #| eval: false
