@@ -41,6 +41,8 @@ def test_damaged_copy_is_refused(tmp_path):
         f.write("\n")
     with pytest.raises(ValueError, match="test.jsonl.*changed or damaged"):
         verify_manifest(copy)
+    shutil.copy(EMBEDDED_DIR / "data" / "test.jsonl", copy / "data" / "test.jsonl")  # repaired
+    verify_manifest(copy)
     (copy / "target" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json"):
         verify_manifest(copy)
