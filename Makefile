@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test env lock
+.PHONY: demo test env lock ablations
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ demo: $(BIN)/.installed
 # Every test: notebooks clean, library in sync with nbs/, notebook tests, then pytest (its summary line ends the output).
 test: $(BIN)/.installed
 	PATH=$(abspath $(BIN)):$$PATH bash tests/run_all.sh
+
+# The ablation table (issue 6): 8 variants x 2 seeds on the embedded default -> runs/ablations/main/ (resumes if interrupted).
+ablations: $(BIN)/.installed
+	mkdir -p runs/ablations/main
+	$(BIN)/papermill nbs/ablations.ipynb runs/ablations/main/ablations.ipynb --cwd nbs -p name main \
+	  -y "variants: [dflash, domino, lambda_r1.0, no_curriculum, shift_false, head_small, block8, dflash_block8]" \
+	  -y "seeds: [0, 1]" -p steps 360 -p n_eval_prompts 24 -p max_new_tokens 96 \
+	  -p max_train_samples 0 -p max_eval_samples 64
 
 lock: $(BIN)/.installed
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt

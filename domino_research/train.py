@@ -459,7 +459,7 @@ class TrainDFlashRecipe:
         step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
         metrics_file = run_dir / "metrics.jsonl"
         if self.start is not None: step, epoch, offset = self._restore(metrics_file)
-        bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process, desc=cfg.run_name)
+        bar = tqdm(total=self.total_steps, initial=step, disable=None if acc.is_main_process else True, desc=cfg.run_name)  # None: honours TQDM_DISABLE
         self.model.train()
         while step < self.total_steps and epoch < cfg.num_epochs:
             batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
