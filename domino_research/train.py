@@ -682,4 +682,5 @@ def cli(argv=None):
         print(f"error: {e}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/20_train.ipynb #52d5139b
+#| eval: false
 if __name__ == "__main__" and "ipykernel" not in sys.modules: cli()
