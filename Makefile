@@ -22,7 +22,7 @@ env: $(BIN)/.installed
 
 # The main job: train a Domino draft on the embedded default, evaluate it, write runs/demo/.
 demo: $(BIN)/.installed
-	$(BIN)/python -m domino_research.train --config embedded_domino --run_name demo
+	$(BIN)/python -m domino_research.train --config embedded_domino --run_name demo --overwrite true
 
 # Every test: notebooks clean, library in sync with nbs/, notebook tests, then pytest (its summary line ends the output).
 test: $(BIN)/.installed

@@ -441,6 +441,9 @@ class TrainDFlashRecipe:
     def run(self) -> dict:
         "Train; the run directory is created only now, and removed again if the run fails before saving anything."
         run_dir, acc = self.cfg.run_dir, self.accelerator
+        if self.cfg.overwrite and self.cfg.resume is None and acc.is_main_process:
+            shutil.rmtree(run_dir, ignore_errors=True)      # a fresh run: nothing of the old one may mix in
+        acc.wait_for_everyone()
         created = not run_dir.exists()
         try:
             if acc.is_main_process:
@@ -459,7 +462,7 @@ class TrainDFlashRecipe:
         step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
         metrics_file = run_dir / "metrics.jsonl"
         if self.start is not None: step, epoch, offset = self._restore(metrics_file)
-        bar = tqdm(total=self.total_steps, initial=step, disable=None if acc.is_main_process else True, desc=cfg.run_name)  # None: honours TQDM_DISABLE
+        bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
         self.model.train()
         while step < self.total_steps and epoch < cfg.num_epochs:
             batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
