@@ -32,7 +32,7 @@ test: $(BIN)/.installed
 ablations: $(BIN)/.installed
 	mkdir -p runs/ablations/main
 	$(BIN)/papermill nbs/ablations.ipynb runs/ablations/main/ablations.ipynb --cwd nbs -p name main \
-	  -y "variants: [dflash, domino, lambda_r1.0, no_curriculum, shift_false, head_small, block8, dflash_block8]" \
+	  -y "variants: [dflash, domino, lambda_r1.0, no_curriculum, shift_false, head_small, block8, dflash_block8, dflash_shift]" \
 	  -y "seeds: [0, 1]" -p steps 360 -p n_eval_prompts 24 -p max_new_tokens 96 \
 	  -p max_train_samples 0 -p max_eval_samples 64
 

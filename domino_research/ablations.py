@@ -46,6 +46,7 @@ VARIANTS = {
                              "block size 8"),
     "dflash_block8": Variant("embedded_dflash", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]}, None,
                              "DFlash, block size 8"),
+    "dflash_shift":  Variant("embedded_dflash", {"shift_label": True}, None, "DFlash backbone, Domino's label convention"),
 }
 
 # %% ../nbs/40_ablations.ipynb #21379416
