@@ -10,6 +10,7 @@ import ast
 import gzip
 import hashlib
 import json
+import math
 import random
 import sysconfig
 import textwrap
@@ -25,12 +26,13 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
 # %% auto #0
 __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MANIFEST_NAME', 'QUALITY_NAME', 'EOT', 'IM_START',
            'IM_END', 'MASK', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
-           'stdlib_modules', 'function_signature', 'function_body', 'user_prompt', 'extract_functions', 'dedupe_rows',
-           'split_by_module', 'build_corpus', 'write_jsonl', 'read_jsonl', 'corpus_path', 'train_tokenizer',
-           'tokenizer_texts', 'target_config', 'chat_ids', 'assistant_span', 'length_batches', 'collate_padded',
-           'assistant_accuracy', 'train_target', 'fit_rows', 'save_target', 'dataset_path', 'ends_in_line_loop',
-           'ends_in_cycle', 'response_stats', 'write_manifest', 'verify_manifest', 'embedded_target_path',
-           'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id', 'build_embedded', 'main']
+           'stdlib_modules', 'function_signature', 'function_body', 'user_prompt', 'has_docstring', 'extract_functions',
+           'dedupe_rows', 'split_by_module', 'build_corpus', 'write_jsonl', 'read_jsonl', 'corpus_path',
+           'train_tokenizer', 'tokenizer_texts', 'target_config', 'chat_ids', 'assistant_span', 'length_batches',
+           'collate_padded', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target', 'dataset_path',
+           'ends_in_line_loop', 'ends_in_cycle', 'response_stats', 'write_manifest', 'verify_manifest',
+           'embedded_target_path', 'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id',
+           'build_embedded', 'main']
 
 # %% ../nbs/13_embedded.ipynb #be671ba7
 SPLITS = ("train", "validation", "test")
@@ -73,10 +75,11 @@ def function_signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"{kw} {node.name}({ast.unparse(node.args)}){ret}:"
 
 
-def function_body(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
-    "The source lines after the docstring, dedented; None when there is nothing left or it cannot be dedented cleanly."
-    rest = node.body[1:]  # body[0] is the docstring
-    if not rest or rest[0].lineno <= node.body[0].end_lineno:  # empty, or `"""doc"""; x = 1` on one line
+def function_body(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef,
+                  after_docstring: bool = True) -> str | None:
+    "The body's source lines (those after the docstring when `after_docstring`), dedented; None when there is nothing left or it cannot be dedented cleanly."
+    rest = node.body[1:] if after_docstring else node.body  # with a docstring, body[0] is it
+    if not rest or (after_docstring and rest[0].lineno <= node.body[0].end_lineno):  # `"""doc"""; x = 1` on one line
         return None
     first = min([rest[0].lineno] + [d.lineno for d in getattr(rest[0], "decorator_list", [])])
     text = textwrap.dedent("".join(lines[first - 1:rest[-1].end_lineno])).rstrip()
@@ -86,10 +89,18 @@ def function_body(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef
     return text
 
 
-def user_prompt(module: str, signature: str, doc: str, cls: str | None = None) -> str:
-    "The user message: where the function lives, its signature and its (cleaned) docstring."
+def user_prompt(module: str, signature: str, doc: str | None, cls: str | None = None) -> str:
+    "The user message: where the function lives, its signature and its (cleaned) docstring when it has one."
     where = f"this method of class `{cls}` in module `{module}`" if cls else f"this function from module `{module}`"
-    return f"Write the body of {where}:\n{signature}\n" + textwrap.indent(f'"""{doc}"""', "    ")
+    prompt = f"Write the body of {where}:\n{signature}"
+    if doc is None:
+        return prompt
+    return prompt + "\n" + textwrap.indent(f'"""{doc}"""', "    ")
+
+
+def has_docstring(row: dict) -> bool:
+    "Whether a corpus row's prompt shows a docstring (`user_prompt` ends with it; a bare signature ends with `:`)."
+    return row["messages"][0]["content"].endswith('"""')
 
 # %% ../nbs/13_embedded.ipynb #d89a5a43
 def _functions(tree: ast.AST):
@@ -107,8 +118,10 @@ def _functions(tree: ast.AST):
 
 
 def extract_functions(module: str, source: str, max_doc_chars: int = 800, min_body_chars: int = 30,
-                      max_body_chars: int = 1500, max_body_lines: int = 40) -> list[dict]:
-    "Chat rows `{messages, module, name}` for the functions of one module's `source` that pass the length filters."
+                      max_body_chars: int = 1500, max_body_lines: int = 40, undocumented: bool = False) -> list[dict]:
+    """Chat rows `{messages, module, name}` for the functions of one module's `source` that pass the length filters.
+
+    Functions without a docstring are included (signature-only prompt) only when `undocumented`."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -116,10 +129,11 @@ def extract_functions(module: str, source: str, max_doc_chars: int = 800, min_bo
     lines = source.splitlines(keepends=True)
     rows = []
     for node, cls in _functions(tree):
-        doc = ast.get_docstring(node, clean=True)
-        if not doc or len(doc) > max_doc_chars:
-            continue
-        body = function_body(lines, node)
+        documented = ast.get_docstring(node, clean=False) is not None
+        doc = ast.get_docstring(node, clean=True) if documented else None
+        if (documented and (not doc or len(doc) > max_doc_chars)) or (not documented and not undocumented):
+            continue  # an empty docstring says nothing; an over-long one would crowd out the body
+        body = function_body(lines, node, after_docstring=documented)
         if body is None or not (min_body_chars <= len(body) <= max_body_chars) or body.count("\n") >= max_body_lines:
             continue
         if body.startswith(("pass", "raise NotImplementedError", "...")) and body.count("\n") == 0:
@@ -139,7 +153,9 @@ def dedupe_rows(rows: list[dict]) -> list[dict]:
     seen, out = set(), []
     for r in rows:
         user, body = (m["content"] for m in r["messages"])
-        keys = ("b:" + _norm(body), "u:" + _norm(user.split("\n", 1)[1]))  # the prompt without its module line
+        keys = ("b:" + _norm(body),)
+        if has_docstring(r):
+            keys += ("u:" + _norm(user.split("\n", 1)[1]),)  # the prompt without its module line
         if any(k in seen for k in keys):
             continue
         seen.update(keys)
@@ -165,13 +181,22 @@ def split_by_module(rows: list[dict], n_test: int, n_validation: int, seed: int 
 
 # %% ../nbs/13_embedded.ipynb #c248c5d6
 def build_corpus(root: Path | None = None, n_test: int = 300, n_validation: int = 300, seed: int = 0,
-                 modules: list[str] | None = None) -> dict[str, list[dict]]:
-    "Extract, dedupe and split the stdlib functions under `root` (optionally only the listed `modules`)."
-    rows = []
+                 modules: list[str] | None = None, undocumented: bool = True) -> dict[str, list[dict]]:
+    """Extract, dedupe and split the stdlib functions under `root` (optionally only the listed `modules`).
+
+    The documented functions are split by module; with `undocumented`, the functions without a docstring of every
+    module outside the held-out splits are added to train."""
+    documented, bare = [], []
     for name, path in stdlib_modules(root):
         if modules is None or name in modules:
-            rows += extract_functions(name, path.read_text(encoding="utf-8", errors="replace"))
-    return split_by_module(dedupe_rows(rows), n_test, n_validation, seed)
+            rows = extract_functions(name, path.read_text(encoding="utf-8", errors="replace"), undocumented=undocumented)
+            documented += [r for r in rows if has_docstring(r)]
+            bare += [r for r in rows if not has_docstring(r)]
+    rows = dedupe_rows(documented + bare)  # documented first: a body in both keeps its documented row
+    split = split_by_module([r for r in rows if has_docstring(r)], n_test, n_validation, seed)
+    held_out = {r["module"] for s in ("validation", "test") for r in split[s]}
+    split["train"] += [r for r in rows if not has_docstring(r) and r["module"] not in held_out]
+    return split
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:
@@ -329,10 +354,13 @@ def collate_padded(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor
 # %% ../nbs/13_embedded.ipynb #b59041a0
 @torch.no_grad()
 def assistant_accuracy(model, tokenizer, rows: list[dict], max_tokens: int = 8192) -> dict:
-    "Greedy next-token accuracy and mean CE on the assistant tokens (content + `<|im_end|>`) of single-turn `rows`."
+    """Greedy next-token accuracy and mean CE on the assistant tokens (content + `<|im_end|>`) of single-turn `rows`.
+
+    `bits_per_byte` is the same CE per UTF-8 byte of the assistant contents (the `<|im_end|>` loss charged to them):
+    unlike accuracy and CE per token, it compares targets with different tokenizers."""
     model.eval()
     spans = [assistant_span(tokenizer, r["messages"]) for r in rows]
-    correct = total = 0
+    correct = total = nbytes = 0
     nll = 0.0
     for batch in length_batches([len(ids) for ids, _ in spans], max_tokens, seed=0):
         enc = collate_padded([spans[i][0] for i in batch], tokenizer.pad_token_id)
@@ -344,7 +372,9 @@ def assistant_accuracy(model, tokenizer, rows: list[dict], max_tokens: int = 819
             correct += int((pred_logits.argmax(-1) == tgt).sum())
             nll += float(torch.nn.functional.cross_entropy(pred_logits, tgt, reduction="sum"))
             total += len(tgt)
-    return {"accuracy": correct / max(total, 1), "ce": nll / max(total, 1), "tokens": total, "rows": len(rows)}
+            nbytes += len(rows[i]["messages"][-1]["content"].encode("utf-8"))
+    return {"accuracy": correct / max(total, 1), "ce": nll / max(total, 1), "tokens": total, "rows": len(rows),
+            "bits_per_byte": nll / math.log(2) / max(nbytes, 1)}
 
 
 def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict] | None = None, steps: int = 1000,
@@ -442,14 +472,16 @@ def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows,
     model, tok = _load(Path(out_dir) / TARGET_DIR)
     for split in ("test", "validation", "train"):  # held-out sets first: they are the ones every measurement uses
         rows = fit_rows(tok, read_jsonl(corpus_path(out_dir, split)), seq_length)[:max_rows]
-        if split == "train":
-            rows = rows[:max_train_rows]  # the corpus order is module-shuffled, so this is a subset of whole modules
-        rows = sorted(rows, key=lambda r: len(r["messages"][0]["content"]))
-        prompts = [{"messages": r["messages"][:1]} for r in rows]
+        if split == "train":  # the draft's prompts take the held-out form: signature + docstring
+            rows = [r for r in rows if has_docstring(r)][:max_train_rows]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]["messages"][0]["content"]))  # similar lengths batch well
+        prompts = [{"messages": rows[i]["messages"][:1]} for i in order]
         tmp = dataset_path(out_dir, split).with_suffix(".partial.jsonl")
         stats = regenerate(model, tok, prompts, tmp, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
-        out = [{"messages": g["messages"], "module": r["module"], "name": r["name"]}
-               for g, r in zip(read_jsonl(tmp), rows) if g["messages"][-1]["role"] == "assistant"]  # empty answers dropped
+        answer = dict(zip(order, read_jsonl(tmp)))
+        # written back in corpus order, so that a prefix (`max_train_samples`) is a mix of lengths, not the shortest prompts
+        out = [{"messages": answer[i]["messages"], "module": r["module"], "name": r["name"]}
+               for i, r in enumerate(rows) if answer[i]["messages"][-1]["role"] == "assistant"]  # empty answers dropped
         write_jsonl(out, dataset_path(out_dir, split))
         tmp.unlink()
         log(f"regenerated {split}: {len(out)} rows, {stats['new_tokens']} tokens, {stats['unfinished']} cut at "
@@ -569,8 +601,8 @@ STAGES = ("corpus", "tokenizer", "target", "regenerate", "quality", "manifest")
 
 def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdlib: Path | None = None,
                    modules: list[str] | None = None, n_test: int = 330, n_validation: int = 330,
-                   vocab_size: int = 1024, model_kwargs: dict | None = None, seq_length: int = 512,
-                   steps: int = 900, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
+                   vocab_size: int = 384, model_kwargs: dict | None = None, seq_length: int = 768,
+                   steps: int = 1400, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
                    max_train_seconds: float | None = None, seed: int = 0,
                    stages=STAGES, log=print) -> dict:
@@ -602,7 +634,9 @@ def main(argv=None):
     b = sub.add_parser("build", help="build the embedded default into --out (about 30 min on 2 CPU cores)")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--corpus", default=str(EMBEDDED_DIR), help='a build folder to copy the corpus from, or "stdlib"')
-    b.add_argument("--steps", type=int, default=900)
+    b.add_argument("--steps", type=int, default=1400)
+    b.add_argument("--vocab_size", type=int, default=384)
+    b.add_argument("--lr", type=float, default=3e-3)
     b.add_argument("--max_train_seconds", type=float, default=None, help="stop training early past this (shared machines)")
     b.add_argument("--max_new_tokens", type=int, default=256)
     b.add_argument("--max_train_rows", type=int, default=None, help="regenerate at most this many training rows")
@@ -617,8 +651,8 @@ def main(argv=None):
         return man
     torch.set_num_threads(a.threads)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)
-    return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
-                          max_train_seconds=a.max_train_seconds,
+    return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
+                          max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows, max_train_seconds=a.max_train_seconds,
                           stages=tuple(s for s in a.stages.split(",") if s), log=log)
 
 # %% ../nbs/13_embedded.ipynb #abb27fde
