@@ -5,7 +5,7 @@
 # %% ../nbs/40_ablations.ipynb #ee523054
 from __future__ import annotations
 
-import dataclasses, json, math, shutil, statistics, time
+import dataclasses, hashlib, json, math, shutil, statistics, time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,8 +18,9 @@ from .config import ConfigError
 from .train import DFlashTrainConfig, load_train_config, resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'Variant', 'resolve_variant', 'spread', 'tau_ratio', 'summarize',
-           'results_markdown', 'plot_results', 'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'Variant', 'resolve_variant', 'spread',
+           'tau_ratio', 'summarize', 'results_markdown', 'plot_results', 'file_digest', 'source_digest',
+           'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size (SPEC §5.6)
@@ -214,9 +215,45 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
 # %% ../nbs/40_ablations.ipynb #0c0fa885
 _WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume")
 
+# Hashing every byte of a 16 GB checkpoint on each resume would take minutes: above FULL_HASH_BYTES a file is
+# identified by its size and its first and last SAMPLE_BYTES (tensor data, which any retraining changes).
+FULL_HASH_BYTES, SAMPLE_BYTES = 256 << 20, 16 << 20
+
+def file_digest(path, full_bytes: int = FULL_HASH_BYTES, sample_bytes: int = SAMPLE_BYTES) -> str:
+    "sha256 of a file's bytes, or of its size, head and tail when it is larger than `full_bytes`."
+    path, h = Path(path), hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= full_bytes:
+            for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
+        else:
+            h.update(f"size {size}\0".encode()); h.update(f.read(sample_bytes))
+            f.seek(size - sample_bytes); h.update(f.read(sample_bytes))
+    return h.hexdigest()
+
+def source_digest(source: Optional[str], **kw) -> Optional[str]:
+    "What a target or data source holds: a digest of its files when it is a local file or folder, else its name (hub id)."
+    if source is None: return None
+    p = Path(resolve_data_path(resolve_target_path(str(source))))     # "embedded", "embedded:<split>" -> shipped files
+    if p.is_file(): return file_digest(p, **kw)
+    if not p.is_dir(): return str(source)
+    h = hashlib.sha256()
+    for f in sorted(q for q in p.rglob("*") if q.is_file()):
+        rel = f.relative_to(p)
+        if any(part.startswith(".") for part in rel.parts): continue     # e.g. the hub's .cache/ download metadata
+        h.update(f"{rel.as_posix()}\0{file_digest(f, **kw)}\0".encode())
+    return h.hexdigest()
+
 def _fingerprint(cfg: DFlashTrainConfig, evaluation: dict) -> dict:
+    "A run's identity: config (minus where it is written), what its inputs hold, and the evaluation settings."
     c = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _WHERE_KEYS}
-    return json.loads(json.dumps({"config": c, "evaluation": evaluation}))
+    inputs = {k: source_digest(getattr(cfg, k)) for k in ("target", "train_data", "eval_data")}
+    evaluation = {**evaluation, "prompts": source_digest(evaluation["prompts"])}
+    return json.loads(json.dumps({"config": c, "inputs": inputs, "evaluation": evaluation}))
+
+def _training_key(fp: dict) -> dict:
+    "The part of a fingerprint that decides whether a trained draft can be reused."
+    return {"config": fp["config"], "inputs": fp["inputs"]}
 
 def _read_json(path: Path) -> Optional[dict]:
     try: return json.loads(path.read_text())
@@ -255,11 +292,11 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     if done is not None and done.get("fingerprint") == fp:
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
     trained = _read_json(run_dir / "trained.json")
-    if not (trained and trained.get("fingerprint") == fp["config"] and (run_dir / "draft" / "model.safetensors").is_file()):
+    if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
         shutil.rmtree(run_dir, ignore_errors=True)      # a stale run's metrics.jsonl would be appended to, not replaced
         t0 = time.perf_counter()
         final = main(config, **kw)
-        trained = {"fingerprint": fp["config"], "final": final, "train_seconds": time.perf_counter() - t0}
+        trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": time.perf_counter() - t0}
         (run_dir / "trained.json").write_text(json.dumps(trained, indent=2) + "\n")
     final = trained["final"]
     if final.get("step") != steps:
@@ -267,7 +304,8 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
                            f"(windows with no valid anchor are skipped); see {run_dir / 'metrics.jsonl'}")
     targets = targets or _Targets()
     t0 = time.perf_counter()
-    ev = evaluate_draft(run_dir / "draft", target=targets(resolve_target_path(cfg.target)), prompts=prompts,
+    ev = evaluate_draft(run_dir / "draft", target=targets(resolve_target_path(cfg.target)),
+                        prompts=resolve_data_path(str(prompts)),
                         n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, enable_thinking=cfg.enable_thinking)
     rec = {"variant": name, "seed": seed, "recipe": cfg.recipe, "changes": changes, "block_size": cfg.block_size,
            "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
@@ -308,7 +346,7 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     if steps < 1: raise ConfigError(f"steps: must be >= 1 (got {steps})")
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
     if not seeds: raise ConfigError("seeds: give at least one seed")
-    prompts = str(prompts) if prompts else resolve_data_path("embedded:test")
+    prompts = str(prompts) if prompts else "embedded:test"     # recorded as given: results.json holds no machine path
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     t0, targets = time.perf_counter(), _Targets()
     runs, run_dirs = {n: {} for n in variants}, {n: {} for n in variants}
