@@ -651,9 +651,12 @@ def plot_run(run_dir):
             if xs: ax.plot(xs, [r[k] for r in train if k in r], label=k)
             ev = [r for r in evals if f"eval/{k}" in r]
             if ev: ax.plot([r["step"] for r in ev], [r[f"eval/{k}"] for r in ev], "o--", label=f"eval/{k}")
-        if title.startswith("λ"):
+        handles, labels = ax.get_legend_handles_labels()
+        if title.startswith("λ"):     # lr on its own axis; DFlash runs have no λ, so the legend may hold only lr
             ax2 = ax.twinx(); ax2.plot([r["step"] for r in train], [r["lr"] for r in train], "k:", label="lr"); ax2.set_ylabel("lr")
-        ax.set_title(title); ax.set_xlabel("optimiser step"); ax.legend(fontsize=7)
+            h2, l2 = ax2.get_legend_handles_labels(); handles, labels = handles + h2, labels + l2
+        ax.set_title(title); ax.set_xlabel("optimiser step")
+        if handles: ax.legend(handles, labels, fontsize=7)
     fig.tight_layout(); (run_dir / "plots").mkdir(exist_ok=True)
     fig.savefig(run_dir / "plots" / "training.png", dpi=110); plt.close(fig)
     return run_dir / "plots" / "training.png"
