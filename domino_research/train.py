@@ -115,6 +115,8 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
         _check(getattr(cfg, k) >= 1, k, f"must be >= 1 (got {getattr(cfg, k)})")
     _check(cfg.seq_length > cfg.block_size, "seq_length", f"must exceed block_size={cfg.block_size} (got {cfg.seq_length})")
     _check(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", f"must be >= 1 or null (got {cfg.max_steps})")
+    for k in ("max_train_samples", "max_eval_samples"):     # 0 would silently mean "no rows", not "all rows"
+        _check(getattr(cfg, k) is None or getattr(cfg, k) >= 1, k, f"must be >= 1, or null for all rows (got {getattr(cfg, k)})")
     _check(cfg.learning_rate > 0, "learning_rate", f"must be > 0 (got {cfg.learning_rate})")
     _check(0 <= cfg.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1) (got {cfg.warmup_ratio})")
     _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
