@@ -143,6 +143,8 @@ def test_nonfinite_loss_stops_without_checkpoint(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------ gradient accumulation
+# The test replaces optimizer.step to capture gradients, so torch's "scheduler before optimizer" check fires.
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`:UserWarning")
 def test_grad_accumulation_equals_big_batch(tiny, tmp_path):
     "4 micro-batches of 1 accumulated == 1 micro-batch of 4, same samples and anchors (fp32)."
     from domino_research.train import load_train_config, TrainDominoRecipe
