@@ -15,6 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .config import ConfigError
+from .embedded import sha256_file
 from .train import DFlashTrainConfig, load_train_config, resolve_data_path, resolve_target_path
 
 # %% auto #0
@@ -221,14 +222,11 @@ FULL_HASH_BYTES, SAMPLE_BYTES = 256 << 20, 16 << 20
 
 def file_digest(path, full_bytes: int = FULL_HASH_BYTES, sample_bytes: int = SAMPLE_BYTES) -> str:
     "sha256 of a file's bytes, or of its size, head and tail when it is larger than `full_bytes`."
-    path, h = Path(path), hashlib.sha256()
-    size = path.stat().st_size
+    size = Path(path).stat().st_size
+    if size <= full_bytes: return sha256_file(path)
+    h = hashlib.sha256(f"size {size}\0".encode())
     with open(path, "rb") as f:
-        if size <= full_bytes:
-            for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
-        else:
-            h.update(f"size {size}\0".encode()); h.update(f.read(sample_bytes))
-            f.seek(size - sample_bytes); h.update(f.read(sample_bytes))
+        h.update(f.read(sample_bytes)); f.seek(size - sample_bytes); h.update(f.read(sample_bytes))
     return h.hexdigest()
 
 def source_digest(source: Optional[str], **kw) -> Optional[str]:

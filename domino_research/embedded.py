@@ -30,7 +30,7 @@ __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MA
            'dedupe_rows', 'split_by_module', 'build_corpus', 'write_jsonl', 'read_jsonl', 'corpus_path',
            'train_tokenizer', 'tokenizer_texts', 'target_config', 'chat_ids', 'assistant_span', 'length_batches',
            'collate_padded', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target', 'dataset_path',
-           'ends_in_line_loop', 'ends_in_cycle', 'response_stats', 'write_manifest', 'verify_manifest',
+           'ends_in_line_loop', 'ends_in_cycle', 'response_stats', 'sha256_file', 'write_manifest', 'verify_manifest',
            'embedded_target_path', 'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id',
            'build_embedded', 'main']
 
@@ -528,7 +528,8 @@ def _stage_quality(out_dir, seq_length, max_new_tokens, log) -> dict:
     return q
 
 # %% ../nbs/13_embedded.ipynb #55c1101a
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    "sha256 of a file's bytes, read in 1 MiB chunks."
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -539,7 +540,7 @@ def _sha256(path: Path) -> str:
 def write_manifest(out_dir: Path) -> dict:
     "Write `MANIFEST.json`: `{files: {relative path: {bytes, sha256}}, total_bytes}` for every file under `out_dir`."
     out_dir = Path(out_dir)
-    files = {p.relative_to(out_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.relative_to(out_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(out_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
     man = {"files": files, "total_bytes": sum(f["bytes"] for f in files.values())}
     (out_dir / MANIFEST_NAME).write_text(json.dumps(man, indent=1) + "\n")
@@ -557,7 +558,7 @@ def verify_manifest(out_dir: Path = EMBEDDED_DIR) -> dict:
         p = out_dir / rel
         if not p.exists():
             raise FileNotFoundError(f"{p} is listed in {mpath} but missing (a partial checkout?)")
-        size, sha = p.stat().st_size, _sha256(p)
+        size, sha = p.stat().st_size, sha256_file(p)
         if size != meta["bytes"] or sha != meta["sha256"]:
             raise ValueError(f"{p}: {size} bytes, sha256 {sha[:12]}… but {mpath} records {meta['bytes']} bytes, "
                              f"{meta['sha256'][:12]}…; the file was changed or damaged: restore it or rebuild")
