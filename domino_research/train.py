@@ -4,16 +4,15 @@
 
 # %% ../nbs/20_train.ipynb #6219d698
 from __future__ import annotations
-import dataclasses, json, math, os, random, shutil, sys, tempfile, time
+import dataclasses, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch, yaml
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
@@ -28,10 +27,13 @@ from .target import load_target, capture_features, target_embed, target_lm_head
 from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'CONTRACT_KEYS', 'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig',
-           'validate_train_config', 'find_config', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
-           'draft_contract', 'check_contract', 'list_checkpoints', 'save_checkpoint', 'epoch_order',
-           'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'RECIPES', 'DFlashTrainConfig',
+           'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'Yaml12Loader', 'yaml_load',
+           'load_train_config', 'resolve_target_path', 'resolve_data_path', 'draft_contract', 'check_contract',
+           'list_checkpoints', 'read_metrics', 'save_checkpoint', 'checkpoint_damage', 'load_checkpoint_state',
+           'resume_checkpoint', 'check_resumed_config', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir',
+           'check_wandb', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main',
+           'plot_run', 'cli']
 
 # %% ../nbs/20_train.ipynb #d37220ce
 @dataclass
@@ -105,8 +107,16 @@ RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
 def _check(ok, key, msg):
     if not ok: raise ConfigError(f"{key}: {msg}")
 
+def check_run_name(name) -> str:
+    "A run name is one plain folder name: the run directory, and everything ever deleted in it, stays inside `output_dir`."
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".") \
+            and not any(c in name for c in "/\\\0")
+    _check(plain, "run_name", f"must be one plain folder name such as 'demo' (got {name!r}); put parent folders in output_dir")
+    return name
+
 def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     "Checks on values that need no model; each error names its key."
+    check_run_name(cfg.run_name)
     _check(cfg.block_size >= 2, "block_size", f"must be >= 2 (got {cfg.block_size})")
     _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
     _check(cfg.mask_token_id is not None, "mask_token_id", "is required (a reserved token id of the target, e.g. 151669 for Qwen3)")
@@ -144,18 +154,29 @@ def find_config(name_or_path) -> Path:
         raise ConfigError(f"config {name_or_path!r} is neither a .yaml file nor a shipped config {names}")
     return shipped
 
+class Yaml12Loader(yaml.SafeLoader):
+    "PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`)."
+Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+
+def yaml_load(text: str): return yaml.load(text, Loader=Yaml12Loader)
+
+OVERRIDES = "overrides (command line / keyword arguments)"
+
 def load_train_config(config=None, **overrides) -> DFlashTrainConfig:
     "Read a YAML config (path or shipped name; None = defaults), apply single-key overrides, validate."
     raw, where = {}, "defaults"
     if config is not None:
         path = find_config(config); where = str(path)
-        try: raw = yaml.safe_load(path.read_text()) or {}
+        try: raw = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({e})") from None
         if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
-    raw = {**raw, **{k: v for k, v in overrides.items()}}
-    recipe = raw.get("recipe", "dflash")
-    if recipe not in RECIPE_CONFIGS: raise ConfigError(f"recipe: must be one of {list(RECIPE_CONFIGS)} (got {recipe!r}) in {where}")
-    cfg = config_from_dict(RECIPE_CONFIGS[recipe], raw, where)
+    recipe = {**raw, **overrides}.get("recipe", "dflash")
+    if recipe not in RECIPE_CONFIGS:
+        raise ConfigError(f"recipe: must be one of {list(RECIPE_CONFIGS)} (got {recipe!r}) in {OVERRIDES if 'recipe' in overrides else where}")
+    cls = RECIPE_CONFIGS[recipe]
+    config_from_dict(cls, overrides, OVERRIDES)         # an override's mistake is reported as the override's, not the file's
+    cfg = config_from_dict(cls, {**raw, **overrides}, where)
     return validate_train_config(cfg)
 
 # %% ../nbs/20_train.ipynb #0c591b55
@@ -189,10 +210,10 @@ def check_contract(saved: dict, current: dict, where):
 
 # %% ../nbs/20_train.ipynb #81293095
 def list_checkpoints(run_dir) -> list[Path]:
-    "Complete checkpoints of a run, oldest first (temp dirs of interrupted saves are ignored)."
+    "Checkpoints of a run, oldest first: the `step-N` folders (an interrupted save is a `.tmp-step-N` folder, never listed)."
     ck = Path(run_dir) / "checkpoints"
     if not ck.is_dir(): return []
-    done = [p for p in ck.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "state.pt").is_file()]
+    done = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and (p / "state.pt").is_file()]
     return sorted(done, key=lambda p: int(p.name.split("-")[1]))
 
 def _rng_state(generator: torch.Generator) -> dict:
@@ -203,26 +224,179 @@ def _set_rng_state(s: dict, generator: torch.Generator):
     generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
-def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: dict, contract: dict,
-                    keep: int = 2) -> Path:
+def _write_text(path, text: str):
+    "Write a file atomically (temp file + rename): a reader, or a resumed run, sees the old file or the new one."
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(text); os.replace(tmp, path)
+
+def _strict(obj):
+    "`obj` with every NaN/inf float replaced by None, so it can be written as strict JSON."
+    if isinstance(obj, float): return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict): return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [_strict(v) for v in obj]
+    return obj
+
+def _write_json(path, obj): _write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+def read_metrics(path) -> list[dict]:
+    "Rows of a `metrics.jsonl`; a line torn by a killed writer (it can only be the last) is dropped with a warning."
+    rows, lines = [], Path(path).read_bytes().decode("utf-8", errors="replace").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip(): continue
+        try: rows.append(json.loads(line))
+        except ValueError: warnings.warn(f"{path}:{n}: dropping a torn line (its writer was killed mid-line)")
+    return rows
+
+def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
+                    config: dict, keep: int = 2) -> Path:
     "Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`."
     ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
     final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
     draft.save_pretrained(tmp / "draft")
     (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
     _fault_point(f"checkpoint-step-{step}")
+    # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng},
                tmp / "state.pt")
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
+    _fault_point(f"checkpoint-written-{step}")
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
+    _fault_point(f"checkpoint-renamed-{step}")
     for old in list_checkpoints(run_dir)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
+
+def _export_draft(draft, out: Path):
+    "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp)
+    _fault_point("export-draft")
+    if out.exists(): shutil.rmtree(out)
+    os.replace(tmp, out)
 
 def _fault_point(name):
     "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
     spec = os.environ.get("DOMINO_FAULT_SLEEP", "")
     if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
+
+# %% ../nbs/20_train.ipynb #e8e44b6a
+def checkpoint_damage(path) -> Optional[str]:
+    "None if checkpoint `path` has every file `files.json` lists, at its size; else what is wrong, naming the file."
+    path = Path(path)
+    if not (path / "files.json").is_file():
+        return f"{path / 'files.json'} is missing" if not (path / "state.pt").is_file() else None  # older format: no manifest
+    try: files = json.loads((path / "files.json").read_text())
+    except (ValueError, UnicodeDecodeError): return f"{path / 'files.json'} is not valid JSON"
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file(): return f"{f} is missing"
+        if f.stat().st_size != size: return f"{f} has {f.stat().st_size} bytes, {size} were written"
+    return None
+
+def load_checkpoint_state(path) -> dict:
+    "`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed)."
+    f = Path(path) / "state.pt"
+    try: return torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(f"resume: refusing {f}: it holds objects that are not plain tensors or numbers, and loading "
+                          f"them could run code ({str(e).splitlines()[0][:160]}). Resume from a checkpoint you trust.") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ConfigError(f"resume: {f} is damaged ({str(e).splitlines()[0][:160]}); resume from another checkpoint") from None
+
+def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
+    "The checkpoint `resume` names: `latest` = the newest intact one of `run_dir` (None if none), else a checkpoint dir."
+    if resume != "latest":
+        path = Path(resume)
+        if not (path / "state.pt").is_file():
+            raise ConfigError(f"resume: {path} is not a checkpoint (no state.pt); pass a checkpoints/step-N folder or 'latest'")
+        if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
+        return path
+    for path in reversed(list_checkpoints(run_dir)):
+        if not (damage := checkpoint_damage(path)): return path
+        warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one")
+    return None
+
+RESUMABLE_KEYS = ("resume", "overwrite", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
+                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
+                  "decode_max_new_tokens", "decode_prompts")
+
+def check_resumed_config(path, cfg: DFlashTrainConfig):
+    "Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change)."
+    saved_file = Path(path) / "config.json"
+    if not saved_file.is_file():
+        warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it")
+        return
+    saved, now = json.loads(saved_file.read_text()), json.loads(json.dumps(dataclasses.asdict(cfg)))
+    diff = sorted(k for k in saved.keys() | now.keys() if k not in RESUMABLE_KEYS and saved.get(k) != now.get(k))
+    if diff:
+        pairs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in diff)
+        raise ConfigError(f"resume: {path} was trained with other settings ({pairs}); a resumed run continues the same "
+                          f"training, so resume with the checkpoint's values (in {saved_file}) or start a new run_name")
+
+# %% ../nbs/20_train.ipynb #00634ea2
+class RunLock:
+    "Exclusive lock on a run name (`<output_dir>/.<run_name>.lock`), held until `release()` or the end of the process."
+    def __init__(self, output_dir, run_name):
+        self.run_dir, self.path, self.file = Path(output_dir) / run_name, Path(output_dir) / f".{run_name}.lock", None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+        f = open(self.path, "a+")
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0); holder = f.read().strip() or "another process"; f.close()
+            raise ConfigError(f"run_name: {self.run_dir} is in use by {holder}; "
+                              "wait for that run to end, or choose another run_name") from None
+        except OSError as e:     # a filesystem without locks: say so once, and go on unlocked
+            warnings.warn(f"cannot lock {self.path} ({e.strerror}); a second run on this name would not be detected")
+        f.seek(0); f.truncate(); f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush(); self.file = f
+        return self
+
+    def release(self):
+        if self.file is not None: self.file.close(); self.file = None    # closing the file drops the flock
+
+def replaced_dir(run_dir) -> Path:
+    "Where `overwrite` keeps the old run until the new one has saved."
+    run_dir = Path(run_dir); return run_dir.parent / f".{run_dir.name}.replaced"
+
+def set_aside(run_dir) -> Optional[Path]:
+    "Move an existing, non-empty run out of the way of a new one; returns where it went (None if there was nothing)."
+    run_dir, old = Path(run_dir), replaced_dir(run_dir)
+    if not (run_dir.is_dir() and any(run_dir.iterdir())): return None
+    os.replace(run_dir, old)
+    return old
+
+def settle_run_dir(run_dir) -> str:
+    "Finish what an interrupted overwrite left: restore the old run if the new one never saved, else delete it."
+    run_dir, old = Path(run_dir), replaced_dir(run_dir)
+    if not old.exists(): return "clean"
+    if list_checkpoints(run_dir):                 # the replacement saved: the old run is no longer needed
+        shutil.rmtree(old); return "replaced"
+    shutil.rmtree(run_dir, ignore_errors=True)    # the replacement's own partial output (no checkpoint)
+    os.replace(old, run_dir)
+    return "restored"
+
+# %% ../nbs/20_train.ipynb #f7a3c25d
+def check_wandb(timeout: float = 30.0):
+    "Fail fast, in one line, if Weights & Biases cannot log: no package, no credentials, rejected ones, no server."
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"): return
+    fix = "or set WANDB_MODE=offline to log locally (`wandb sync` later), or drop wandb_project"
+    try: import wandb
+    except ImportError: raise ConfigError(f"wandb_project: the wandb package is not installed; pip install wandb, {fix}") from None
+    out = {}
+    def login():
+        try: out["ok"] = wandb.login(prompt=False, verify=True)
+        except Exception as e: out["error"] = e
+    t = threading.Thread(target=login, daemon=True); t.start(); t.join(timeout)
+    if t.is_alive(): raise ConfigError(f"wandb_project: could not reach the W&B server within {timeout:.0f} s to check the credentials; {fix}")
+    if "error" in out:
+        why = (str(out["error"]).strip().splitlines() or [type(out["error"]).__name__])[0][:200]
+        raise ConfigError(f"wandb_project: W&B did not accept the credentials ({why}); set a valid WANDB_API_KEY or run `wandb login`, {fix}")
+    if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
 
 # %% ../nbs/20_train.ipynb #5d9bc8b0
 def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool) -> list[list[int]]:
@@ -249,13 +423,14 @@ class TrainDFlashRecipe:
             raise ConfigError(f"recipe: {type(self).__name__} needs a {self.config_class.__name__} (got recipe={cfg.recipe!r})")
         self.cfg = cfg
 
-    # ---------------------------------------------------------------- setup: everything before the run dir exists
+    # ---------------------------------------------------------------- setup: everything before the run dir is written
     def setup(self):
         cfg = self.cfg
-        self._check_run_dir()
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                                        mixed_precision="bf16" if torch.cuda.is_available() else "no",
                                        log_with="wandb" if cfg.wandb_project else None)
+        self._claim_run_dir()
+        if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
         self.target_path = resolve_target_path(cfg.target)
         try: self.target_config = AutoConfig.from_pretrained(self.target_path)
@@ -265,6 +440,7 @@ class TrainDFlashRecipe:
         self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
+        self._check_has_anchors()
         self.target = self._load_target()
         self.draft = self._build_draft()
         self.trainer = self._build_trainer_module()
@@ -280,16 +456,30 @@ class TrainDFlashRecipe:
         self.generator = torch.Generator().manual_seed(cfg.seed * 1_000 + self.accelerator.process_index)
         return self
 
-    def _check_run_dir(self):
-        cfg, run_dir = self.cfg, self.cfg.run_dir
-        if cfg.resume is None and run_dir.exists() and any(run_dir.iterdir()) and not cfg.overwrite:
-            raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, "
-                              "overwrite=true to replace it, or choose another run_name")
-        probe = run_dir
-        while not probe.exists(): probe = probe.parent
-        try: tempfile.TemporaryDirectory(dir=probe).cleanup()   # the only reliable test (root ignores mode bits)
-        except OSError as e:
-            raise ConfigError(f"output_dir: cannot create {run_dir} under {probe} ({e.strerror}); choose a writable output_dir") from None
+    def _claim_run_dir(self):
+        "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident."
+        cfg, run_dir, acc = self.cfg, self.cfg.run_dir, self.accelerator
+        self.lock = None
+        if acc.is_main_process:
+            try:
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+                tempfile.TemporaryDirectory(dir=run_dir.parent).cleanup()   # the only reliable test (root ignores mode bits)
+            except OSError as e:
+                raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
+            self.lock = RunLock(cfg.output_dir, cfg.run_name).acquire()
+            if settle_run_dir(run_dir) == "restored":
+                self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
+            if run_dir.exists() and not run_dir.is_dir():
+                raise ConfigError(f"run_name: {run_dir} exists and is not a folder; choose another run_name")
+            if cfg.resume is None and run_dir.exists() and any(run_dir.iterdir()) and not cfg.overwrite:
+                raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, "
+                                  "overwrite=true to replace it (the old run is kept until the new one has saved), "
+                                  "or choose another run_name")
+        acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
+
+    def close(self):
+        "Release the run name (also released when the process ends, however it ends)."
+        if getattr(self, "lock", None) is not None: self.lock.release()
 
     def _build_dflash_config(self) -> DFlashConfig:
         cfg, tc = self.cfg, self.target_config
@@ -301,15 +491,11 @@ class TrainDFlashRecipe:
     def _load_resume_state(self) -> Optional[dict]:
         cfg = self.cfg
         if cfg.resume is None: return None
-        if cfg.resume == "latest":
-            cks = list_checkpoints(cfg.run_dir)
-            if not cks: return None                        # nothing saved yet: a fresh start under this name
-            path = cks[-1]
-        else: path = Path(cfg.resume)
-        if not (path / "state.pt").is_file():
-            raise ConfigError(f"resume: {path} is not a complete checkpoint (no state.pt)")
+        path = resume_checkpoint(cfg.run_dir, cfg.resume)
+        if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
         check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
-        return {"path": path, **torch.load(path / "state.pt", weights_only=False)}
+        check_resumed_config(path, self.cfg)
+        return {"path": path, **load_checkpoint_state(path)}
 
     def _build_datasets(self):
         cfg, out = self.cfg, []
@@ -325,6 +511,14 @@ class TrainDFlashRecipe:
             if len(ds) == 0: raise ConfigError(f"{key}: {source} has no row with a supervised token within seq_length={cfg.seq_length}")
             out.append(ds)
         return tuple(out)
+
+    def _check_has_anchors(self):
+        "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
+        last = self.cfg.seq_length - self.cfg.block_size    # a batch is at most seq_length long: anchors a <= S - bs
+        if not any(any(ex["loss_mask"][: last + 1]) for ex in self.train_set):
+            raise ConfigError(f"block_size: no training row can hold a block of {self.cfg.block_size} tokens (an anchor "
+                              f"is a supervised token with block_size - 1 tokens after it within seq_length="
+                              f"{self.cfg.seq_length}); lower block_size or raise seq_length")
 
     def _load_target(self):
         target = load_target(self.target_path, device=self.accelerator.device)
@@ -441,26 +635,32 @@ class TrainDFlashRecipe:
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict:
-        "Train; the run directory is created only now, and removed again if the run fails before saving anything."
+        """Train. The run directory is written only now; if the run fails before its first checkpoint, the directory
+        is removed again, or, when it replaced an old run (`overwrite`), the old run is put back."""
         run_dir, acc = self.cfg.run_dir, self.accelerator
-        if self.cfg.overwrite and self.cfg.resume is None and acc.is_main_process:
-            shutil.rmtree(run_dir, ignore_errors=True)      # a fresh run: nothing of the old one may mix in
+        self.replaced, created = None, False
+        if acc.is_main_process:
+            if self.cfg.overwrite and self.cfg.resume is None: self.replaced = set_aside(run_dir)
+            created = not run_dir.exists()
         acc.wait_for_everyone()
-        created = not run_dir.exists()
         try:
             if acc.is_main_process:
                 run_dir.mkdir(parents=True, exist_ok=True)
-                (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
+                _write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
+                if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
             acc.wait_for_everyone()
             return self._train(run_dir)
         except BaseException:
-            if created and acc.is_main_process and not list_checkpoints(run_dir): shutil.rmtree(run_dir, ignore_errors=True)
+            if acc.is_main_process and not list_checkpoints(run_dir):
+                if self.replaced is not None: settle_run_dir(run_dir)     # puts the old run back
+                elif created: shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
     def _train(self, run_dir: Path) -> dict:
         cfg, acc = self.cfg, self.accelerator
-        if cfg.wandb_project:
-            acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg), init_kwargs={"wandb": {"name": cfg.run_name}})
+        if cfg.wandb_project:      # wandb's own files go into the run directory, not the working directory
+            acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
+                              init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
         step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
         metrics_file = run_dir / "metrics.jsonl"
         if self.start is not None: step, epoch, offset = self._restore(metrics_file)
@@ -488,12 +688,15 @@ class TrainDFlashRecipe:
                 if epoch < cfg.num_epochs and step < self.total_steps and cfg.eval_data is not None:
                     self._log(metrics_file, {"step": step, "epoch": epoch, **self.evaluate()}, step)
         bar.close()
+        if step == 0:
+            raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
+                              f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
         final = {"step": step, **self.evaluate()}
         self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
         self._save(run_dir, step, epoch, offset)
         if acc.is_main_process:
-            acc.unwrap_model(self.model).draft.save_pretrained(run_dir / "draft")
-            (run_dir / "summary.json").write_text(json.dumps(final, indent=2))
+            _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
+            _write_json(run_dir / "summary.json", _strict(final))
         acc.wait_for_everyone()
         if cfg.wandb_project: acc.end_training()
         return final
@@ -535,17 +738,20 @@ class TrainDFlashRecipe:
 
     def _log(self, metrics_file, stats: dict, step: int):
         if self.accelerator.is_main_process:
-            with open(metrics_file, "a") as f: f.write(json.dumps(stats) + "\n")
+            with open(metrics_file, "a") as f: f.write(json.dumps(_strict(stats), allow_nan=False) + "\n")
         if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
     # ---------------------------------------------------------------- checkpoints
     def _save(self, run_dir, step, epoch, offset):
         acc = self.accelerator
+        if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
         rng = _gather_objects(_rng_state(self.generator))   # every rank's RNG, so each resumes its own stream
         if acc.is_main_process:
             loop = {"step": step, "epoch": epoch, "offset": offset, "world_size": acc.num_processes}
             save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, self.optimizer, self.scheduler, loop, rng,
-                            self.contract, self.cfg.keep_checkpoints)
+                            self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints)
+            if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
+        self.saved_step = step
         acc.wait_for_everyone()
 
     def _restore(self, metrics_file) -> tuple[int, int, int]:
@@ -555,11 +761,12 @@ class TrainDFlashRecipe:
                               f"{acc.num_processes}; resume with the same number of processes")
         self.optimizer.load_state_dict(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
         _set_rng_state(s["rng"][acc.process_index], self.generator)
-        step = s["loop"]["step"]
+        step = self.saved_step = s["loop"]["step"]
         if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
-            rows = [l for l in metrics_file.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
-            metrics_file.write_text("".join(r + "\n" for r in rows))
+            rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
+            _write_text(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
         self.print(f"resumed from {s['path']} at step {step}")
+        self.start = {"path": s["path"], "loop": s["loop"]}  # the optimiser state is loaded: let it go
         return step, s["loop"]["epoch"], s["loop"]["offset"]
 
 # %% ../nbs/20_train.ipynb #154fc643
@@ -613,12 +820,14 @@ RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}
 def main(config_path=None, **overrides) -> dict:
     "Train (and evaluate) a draft from a YAML config (path or shipped name) plus single-key overrides."
     cfg = load_train_config(config_path, **overrides)
-    recipe = RECIPES[cfg.recipe](cfg).setup()
-    result = recipe.run()
-    if recipe.accelerator.is_main_process:
-        plot_run(cfg.run_dir)
-        if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
-        _print_summary(cfg, result)
+    recipe = RECIPES[cfg.recipe](cfg)
+    try:                                   # the run name stays locked until its evaluation is written too
+        result = recipe.setup().run()
+        if recipe.accelerator.is_main_process:
+            plot_run(cfg.run_dir)
+            if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
+            _print_summary(cfg, result)
+    finally: recipe.close()
     return result
 
 def _decode_eval(cfg) -> dict:
@@ -628,7 +837,7 @@ def _decode_eval(cfg) -> dict:
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
                          n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
                          enable_thinking=cfg.enable_thinking)
-    (cfg.run_dir / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    _write_json(cfg.run_dir / "eval.json", _strict(res))
     plot_eval(res, cfg.run_dir / "plots")
     return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
 
@@ -641,7 +850,7 @@ def plot_run(run_dir):
     "Training curves from metrics.jsonl → run_dir/plots/training.png."
     import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
     run_dir = Path(run_dir)
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in rows if "loss" in r]
     evals = [r for r in rows if "eval/loss" in r]
     panels = [("loss", ["loss", "final_loss", "base_loss"]), ("accuracy", ["accuracy", "base_accuracy"]),
@@ -675,7 +884,7 @@ def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
             val, i = argv[i + 1], i + 1
         i += 1
         if key == "config": config = val
-        else: out[key] = yaml.safe_load(val)
+        else: out[key] = yaml_load(val)         # YAML 1.2 numbers: --learning_rate 1e-3 is a float
     return config, out
 
 def cli(argv=None):
