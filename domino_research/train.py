@@ -395,7 +395,7 @@ def check_wandb(timeout: float = 30.0):
     if t.is_alive(): raise ConfigError(f"wandb_project: could not reach the W&B server within {timeout:.0f} s to check the credentials; {fix}")
     if "error" in out:
         why = (str(out["error"]).strip().splitlines() or [type(out["error"]).__name__])[0][:200]
-        raise ConfigError(f"wandb_project: W&B did not accept the credentials ({why}); set a valid WANDB_API_KEY or run `wandb login`, {fix}")
+        raise ConfigError(f"wandb_project: W&B could not confirm the credentials ({why}); set a valid WANDB_API_KEY or run `wandb login`, {fix}")
     if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
 
 # %% ../nbs/20_train.ipynb #5d9bc8b0
@@ -678,6 +678,7 @@ class TrainDFlashRecipe:
                 stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
                 if cfg.eval_every_steps and step % cfg.eval_every_steps == 0: stats.update(self.evaluate())
                 self._log(metrics_file, stats, step)
+                _fault_point("optimiser-step")
                 bar.update(1)
                 bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                                 **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
@@ -884,7 +885,7 @@ def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
             val, i = argv[i + 1], i + 1
         i += 1
         if key == "config": config = val
-        else: out[key] = yaml_load(val)         # YAML 1.2 numbers: --learning_rate 1e-3 is a float
+        else: out[key] = yaml_load(val) if val != "" else ""   # YAML 1.2 numbers: --learning_rate 1e-3 is a float
     return config, out
 
 def cli(argv=None):
@@ -892,6 +893,7 @@ def cli(argv=None):
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__ or "", "\nusage: python -m domino_research.train --config CONFIG.yaml|NAME [--key value ...]\n"
               f"shipped configs: {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}"); return
+    warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each, no source excerpt
     try:
         config, overrides = _parse_overrides(argv)
         main(config, **overrides)

@@ -1,0 +1,259 @@
+"""Nothing lost, nothing hijacked: run names, overwrite, locks, resume and damaged files, each through the training CLI
+as a user would meet it. Every test states the data that must survive and checks it byte for byte."""
+import hashlib, json, os, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_config
+from test_train import ENV, train_cli, _weights, _wait_for
+
+
+def snapshot(root) -> dict:
+    "Every file under `root` with its sha256: what must survive."
+    root = Path(root)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.suffix != ".lock"}                   # a lock file records its latest holder
+
+
+def one_line_error(p, *needles):
+    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    err = [l for l in p.stderr.splitlines() if l.startswith("error: ")]
+    assert len(err) == 1, p.stderr[-3000:]
+    for n in needles: assert n in err[0], err[0]
+    return err[0]
+
+
+@pytest.fixture
+def trained(tiny, tmp_path):
+    "A finished 2-step run `old` with checkpoints, next to a sibling run and an unrelated file in output_dir."
+    runs = tmp_path / "runs"
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 2, "save_every_steps": 1})
+    p = train_cli(cfg, "--run_name", "old"); assert p.returncode == 0, p.stderr[-3000:]
+    (runs / "sibling").mkdir(); (runs / "sibling" / "results.json").write_text('{"tau": 2.2}\n')
+    (tmp_path / "keep.txt").write_text("a user's file next to output_dir\n")
+    return {"cfg": cfg, "runs": runs, "before": snapshot(tmp_path)}
+
+
+# ------------------------------------------------------------------ 1. run names that point elsewhere
+@pytest.mark.parametrize("name", ["..", ".", "", "/abs/dir", "a/../..", ".hidden"])
+def test_run_name_outside_output_dir_refused(trained, tmp_path, name):
+    name = str(tmp_path / "victim") if name == "/abs/dir" else name
+    if name.startswith("/"): Path(name).mkdir(); (Path(name) / "data.bin").write_text("x")
+    before = snapshot(tmp_path)
+    p = train_cli(trained["cfg"], "--run_name", name, "--overwrite", "true")
+    one_line_error(p, "run_name", "one plain folder name")
+    assert snapshot(tmp_path) == before
+
+
+def test_papermill_empty_run_name_deletes_nothing(tiny, trained, tmp_path):
+    "`-p run_name ''` used to delete the whole output_dir: now it is a fresh, dated run next to the others."
+    out = tmp_path / "pm.ipynb"
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(out), "--cwd", str(REPO / "nbs"),
+           "-p", "config", trained["cfg"], "-p", "output_dir", str(trained["runs"]), "-p", "run_name", "", "-p", "max_steps", "1",
+           "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k in trained["before"]} == trained["before"]   # nothing changed or lost
+    assert any(d.name.startswith("train_nb-") for d in trained["runs"].iterdir())
+
+
+def test_papermill_defaults_do_not_overwrite(tiny, trained, tmp_path):
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(tmp_path / "pm.ipynb"), "--cwd",
+           str(REPO / "nbs"), "-p", "config", trained["cfg"], "-p", "output_dir", str(trained["runs"]), "-p", "run_name", "old"]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "already exists" in p.stderr + p.stdout
+    assert snapshot(tmp_path / "runs" / "old") == {k[len("runs/old/"):]: v for k, v in trained["before"].items()
+                                                   if k.startswith("runs/old/")}
+
+
+# ------------------------------------------------------------------ 2. overwrite keeps the old run until the new one saved
+def test_failed_overwrite_keeps_old_run(trained, tmp_path):
+    p = train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--learning_rate", "1e30", "--max_grad_norm", "1e30",
+                  "--save_every_steps", "null")
+    assert p.returncode == 2 and "non-finite loss" in p.stderr, p.stderr[-3000:]
+    assert snapshot(tmp_path) == trained["before"]
+
+
+def test_killed_overwrite_restores_old_run_on_next_start(trained, tmp_path):
+    runs = trained["runs"]
+    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", trained["cfg"], "--run_name", "old",
+                             "--overwrite", "true", "--save_every_steps", "1"],
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: (runs / "old" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
+    proc.kill(); proc.wait()
+    assert (runs / ".old.replaced").is_dir()                      # the old run is set aside, not gone
+    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--max_steps", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "restored" in p.stdout and "resumed from" in p.stdout  # settled back, then resumed the old run's step 2
+    assert not (runs / ".old.replaced").exists()
+
+
+def test_successful_overwrite_replaces_old_run(trained, tmp_path):
+    p = train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--max_steps", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(l) for l in (trained["runs"] / "old" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1]       # the new run only: nothing of the old one mixed in
+    assert not (trained["runs"] / ".old.replaced").exists()
+    assert snapshot(trained["runs"] / "sibling") == {"results.json": trained["before"]["runs/sibling/results.json"]}
+
+
+# ------------------------------------------------------------------ 3. one training per run folder
+def test_second_training_on_same_run_refused(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 2,
+                                             "save_every_steps": 1, "run_name": "busy"})
+    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg],
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: (tmp_path / "runs" / "busy" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
+        for extra in ([], ["--resume", "latest"], ["--overwrite", "true"]):
+            one_line_error(train_cli(cfg, *extra), "is in use by pid", "busy")
+    finally: proc.kill(); proc.wait()
+    p = train_cli(cfg, "--resume", "latest")                      # the killed holder left no stale lock
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ 5. code in a checkpoint is never run
+def test_planted_state_pt_is_refused_and_not_run(trained, tmp_path):
+    marker = tmp_path / "pwned"
+    planted = tmp_path / "plant.py"
+    planted.write_text("import os, sys, torch\nclass P:\n    def __reduce__(self): return (os.system, ('touch %s',))\n"
+                       "torch.save({'optimizer': P()}, sys.argv[1])\n" % marker)
+    ck = trained["runs"] / "old" / "checkpoints" / "step-2"
+    subprocess.run([sys.executable, str(planted), str(ck / "state.pt")], check=True)
+    files = json.loads((ck / "files.json").read_text()); files["state.pt"] = (ck / "state.pt").stat().st_size
+    (ck / "files.json").write_text(json.dumps(files))             # a consistent manifest: only the pickle gives it away
+    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest")
+    one_line_error(p, "refusing", "state.pt")
+    assert not marker.exists()
+
+
+# ------------------------------------------------------------------ 6, 7. silent wrong results
+def test_block_that_never_fits_fails(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "big"})
+    one_line_error(train_cli(cfg, "--block_size", "95"), "block_size", "seq_length=96")
+    assert not (tmp_path / "runs" / "big").exists()
+
+
+def test_resume_with_changed_hyperparameter_refused(trained, tmp_path):
+    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--learning_rate", "3e-3")
+    one_line_error(p, "learning_rate: checkpoint 0.001 vs now 0.003")
+    assert snapshot(tmp_path) == trained["before"]                # config.yaml does not claim what the run did not do
+
+
+# ------------------------------------------------------------------ 9. damaged files: fall back, trim, go on
+@pytest.mark.parametrize("damage", ["state.pt", "draft/model.safetensors"])
+def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage):
+    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 4, "save_every_steps": 1, "keep_checkpoints": 3}
+    cfg = write_config(tmp_path / "c.yaml", base)
+    assert train_cli(cfg, "--run_name", "straight").returncode == 0
+    # a run of the same settings, killed while saving step 4; then its newest checkpoint (step 3) is damaged
+    cfg2 = write_config(tmp_path / "c2.yaml", {**base, "run_name": "hurt"})
+    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg2],
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-4:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "runs" / "hurt"
+    _wait_for(lambda: (run / "checkpoints" / ".tmp-step-4" / "contract.json").exists(), proc)
+    proc.kill(); proc.wait()
+    f = run / "checkpoints" / "step-3" / damage
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with open(run / "metrics.jsonl", "a") as m: m.write('{"step": 4, "loss": 1.2')    # a torn last line
+    p = train_cli(cfg2, "--resume", "latest")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "step-3" in p.stderr and damage.split("/")[-1] in p.stderr and "falling back" in p.stderr
+    assert "torn line" in p.stderr and "Traceback" not in p.stderr
+    assert "resumed from" in p.stdout and "step-2" in p.stdout
+    a, b = _weights(tmp_path / "runs" / "straight"), _weights(run)
+    assert all((a[k] == b[k]).all() for k in a)                   # and the result is the uninterrupted run's, bit for bit
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ 11. the tracker fails fast
+def test_wandb_without_credentials_fails_fast(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "wb"})
+    env = {k: v for k, v in ENV.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
+    home = tmp_path / "home"; home.mkdir()
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "domino_research.train", "--config", cfg, "--wandb_project", "x"], cwd=home,
+                       env={**env, "HOME": str(home), "NETRC": str(home / ".netrc")}, capture_output=True, text=True, timeout=120)
+    one_line_error(p, "wandb_project", "no W&B credentials", "WANDB_MODE=offline")
+    assert time.time() - t0 < 60 and not (home / "wandb").exists() and not (tmp_path / "runs" / "wb").exists()
+
+
+# ------------------------------------------------------------------ 12. messages that point the right way
+def test_command_line_numbers_and_blame(tiny, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "n"})
+    err = one_line_error(train_cli(cfg, "--seq_length", "long"), "seq_length")
+    assert "command line" in err and "c.yaml" not in err
+    err = one_line_error(train_cli(cfg, "--blok_size", "4"), "blok_size")
+    assert "command line" in err and "c.yaml" not in err
+    p = train_cli(cfg, "--learning_rate", "1e-3", "--max_steps", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ the fault matrix
+def _check_intact(run):
+    "After a kill: every checkpoint the run lists is complete and loads; an exported draft, if any, is complete."
+    from safetensors.torch import load_file
+    from domino_research.train import list_checkpoints, checkpoint_damage, load_checkpoint_state
+    for ck in list_checkpoints(run):
+        assert checkpoint_damage(ck) is None, checkpoint_damage(ck)
+        load_checkpoint_state(ck); load_file(ck / "draft" / "model.safetensors")
+    if (run / "draft").exists(): load_file(run / "draft" / "model.safetensors")
+
+
+def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
+    """`kill -9` at 10 random points — during start-up, training steps, each stage of a checkpoint save, the final export —
+    each followed by `--resume latest`: no checkpoint is ever left damaged, and the final draft is bitwise equal to an
+    uninterrupted run's."""
+    import random
+    from domino_research.train import list_checkpoints
+    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 12, "keep_checkpoints": 2,
+            "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}   # 6 steps per epoch: crosses an epoch
+    cfg = write_config(tmp_path / "c.yaml", base)
+    p = train_cli(cfg, "--run_name", "straight"); assert p.returncode == 0, p.stderr[-3000:]
+    seed = int(os.environ.get("FAULT_SEED", os.getpid()))
+    rng = random.Random(seed)
+    saves = ["checkpoint-step", "checkpoint-written", "checkpoint-renamed"]
+    plan = saves + [rng.choice(["startup", "step", "step", rng.choice(saves)]) for _ in range(6)]
+    rng.shuffle(plan); plan.append("export-draft")                  # the export can only be the last kill
+    run, log = tmp_path / "runs" / "killed", []
+
+    def fresh(rel):                                                   # written by this attempt, not left by a killed one
+        f = run / rel
+        return lambda: f.exists() and f.stat().st_mtime >= t_launch
+    for kind in plan:
+        saved = int(list_checkpoints(run)[-1].name.split("-")[1]) if list_checkpoints(run) else 0
+        nxt = saved + 1
+        if kind == "step" and nxt >= 12: kind = "startup"              # too little training left to land a timed kill in
+        fault, ready = {}, None
+        if kind in saves:
+            fault = {"DOMINO_FAULT_SLEEP": f"{kind}-{nxt}:120"}
+            ready = fresh({"checkpoint-step": f"checkpoints/.tmp-step-{nxt}/contract.json",
+                           "checkpoint-written": f"checkpoints/.tmp-step-{nxt}/files.json",
+                           "checkpoint-renamed": f"checkpoints/step-{nxt}/files.json"}[kind])
+        elif kind == "export-draft":
+            fault, ready = {"DOMINO_FAULT_SLEEP": "export-draft:120"}, fresh(".draft.tmp/model.safetensors")
+        elif kind == "step":      # steps slowed to ~0.1 s so that a random moment lands in a step or a save, not after the end
+            fault, ready = {"DOMINO_FAULT_SLEEP": "optimiser-step:0.05"}, fresh("metrics.jsonl")
+        t_launch = time.time()
+        proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed",
+                                 "--resume", "latest"], env={**ENV, **fault}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if kind == "startup": time.sleep(rng.uniform(0.2, 2.0))
+        else: _wait_for(ready, proc)
+        if kind == "step": time.sleep(rng.uniform(0.0, 0.3))
+        assert proc.poll() is None, f"seed {seed}: run finished before the {kind} kill; plan {plan}, done {log}"
+        proc.kill(); proc.wait()
+        log.append(f"{kind}@{saved}+{time.time() - t_launch:.1f}s")
+        _check_intact(run)
+    p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
+    assert p.returncode == 0, (seed, log, p.stderr[-3000:])
+    a, b = _weights(tmp_path / "runs" / "straight"), _weights(run)
+    assert a.keys() == b.keys()
+    for k in a: assert (a[k] == b[k]).all(), f"seed {seed}: {k} differs after kills {log}"
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 13)), (seed, log)
+    assert len(log) == 10
+    print(f"fault matrix seed {seed}: {log}")
