@@ -291,7 +291,6 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
-        shutil.rmtree(run_dir, ignore_errors=True)      # a stale run's metrics.jsonl would be appended to, not replaced
         t0 = time.perf_counter()
         final = main(config, **kw)
         trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": time.perf_counter() - t0}
