@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch, yaml
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
+from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
@@ -30,7 +31,7 @@ from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_cha
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'RECIPES', 'DFlashTrainConfig',
            'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'Yaml12Loader', 'yaml_load',
            'load_train_config', 'resolve_target_path', 'resolve_data_path', 'draft_contract', 'check_contract',
-           'list_checkpoints', 'read_metrics', 'save_checkpoint', 'checkpoint_damage', 'load_checkpoint_state',
+           'read_metrics', 'list_checkpoints', 'save_checkpoint', 'checkpoint_damage', 'load_checkpoint_state',
            'resume_checkpoint', 'check_resumed_config', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir',
            'check_wandb', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main',
            'plot_run', 'cli']
@@ -101,7 +102,9 @@ class DominoTrainConfig(DFlashTrainConfig):
 
 # %% ../nbs/20_train.ipynb #d1d2d452
 import domino_research
+
 CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
+
 RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
 
 def _check(ok, key, msg):
@@ -142,6 +145,7 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
         _check(cfg.lambda_base_decay_ratio >= 0, "lambda_base_decay_ratio", f"must be >= 0 (got {cfg.lambda_base_decay_ratio})")
     return cfg
 
+# %% ../nbs/20_train.ipynb #b9561fb0
 def find_config(name_or_path) -> Path:
     "A YAML path, or the name of a shipped config (`embedded_domino` → domino_research/configs/embedded_domino.yaml)."
     p = Path(name_or_path)
@@ -156,6 +160,7 @@ def find_config(name_or_path) -> Path:
 
 class Yaml12Loader(yaml.SafeLoader):
     "PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`)."
+
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
 
@@ -209,21 +214,6 @@ def check_contract(saved: dict, current: dict, where):
                           "Resume with the checkpoint's settings or start a new run_name.")
 
 # %% ../nbs/20_train.ipynb #81293095
-def list_checkpoints(run_dir) -> list[Path]:
-    "Checkpoints of a run, oldest first: the `step-N` folders (an interrupted save is a `.tmp-step-N` folder, never listed)."
-    ck = Path(run_dir) / "checkpoints"
-    if not ck.is_dir(): return []
-    done = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and (p / "state.pt").is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
-
-def _rng_state(generator: torch.Generator) -> dict:
-    return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
-            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-def _set_rng_state(s: dict, generator: torch.Generator):
-    generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
-    if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
-
 def _write_text(path, text: str):
     "Write a file atomically (temp file + rename): a reader, or a resumed run, sees the old file or the new one."
     tmp = Path(path).with_name(f".{Path(path).name}.tmp")
@@ -247,6 +237,35 @@ def read_metrics(path) -> list[dict]:
         except ValueError: warnings.warn(f"{path}:{n}: dropping a torn line (its writer was killed mid-line)")
     return rows
 
+def _export_draft(draft, out: Path):
+    "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp)
+    _fault_point("export-draft")
+    if out.exists(): shutil.rmtree(out)
+    os.replace(tmp, out)
+
+def _fault_point(name):
+    "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
+    spec = os.environ.get("DOMINO_FAULT_SLEEP", "")
+    if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
+
+# %% ../nbs/20_train.ipynb #65eaa70a
+def list_checkpoints(run_dir) -> list[Path]:
+    "Checkpoints of a run, oldest first: the `step-N` folders (an interrupted save is a `.tmp-step-N` folder, never listed)."
+    ck = Path(run_dir) / "checkpoints"
+    if not ck.is_dir(): return []
+    done = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and (p / "state.pt").is_file()]
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+def _rng_state(generator: torch.Generator) -> dict:
+    return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+def _set_rng_state(s: dict, generator: torch.Generator):
+    generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
+    if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
+
 def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
                     config: dict, keep: int = 2) -> Path:
     "Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`."
@@ -268,19 +287,6 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     _fault_point(f"checkpoint-renamed-{step}")
     for old in list_checkpoints(run_dir)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
-
-def _export_draft(draft, out: Path):
-    "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp)
-    _fault_point("export-draft")
-    if out.exists(): shutil.rmtree(out)
-    os.replace(tmp, out)
-
-def _fault_point(name):
-    "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
-    spec = os.environ.get("DOMINO_FAULT_SLEEP", "")
-    if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
 
 # %% ../nbs/20_train.ipynb #e8e44b6a
 def checkpoint_damage(path) -> Optional[str]:
@@ -410,12 +416,13 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batc
     mine = order[rank::world]
     return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
 
-# %% ../nbs/20_train.ipynb #f76b9bc1
+# %% ../nbs/20_train.ipynb #fd1901b0
 class NonFiniteLossError(RuntimeError): pass
 
 def _scalar(x) -> float: return float(x.detach()) if torch.is_tensor(x) else float(x)
 
 class TrainDFlashRecipe:
+    "The DFlash recipe: `setup()` builds everything, `run()` trains; the hooks below are what the Domino recipe overrides."
     config_class = DFlashTrainConfig
 
     def __init__(self, cfg: DFlashTrainConfig):
@@ -423,7 +430,6 @@ class TrainDFlashRecipe:
             raise ConfigError(f"recipe: {type(self).__name__} needs a {self.config_class.__name__} (got recipe={cfg.recipe!r})")
         self.cfg = cfg
 
-    # ---------------------------------------------------------------- setup: everything before the run dir is written
     def setup(self):
         cfg = self.cfg
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
@@ -456,326 +462,355 @@ class TrainDFlashRecipe:
         self.generator = torch.Generator().manual_seed(cfg.seed * 1_000 + self.accelerator.process_index)
         return self
 
-    def _claim_run_dir(self):
-        "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident."
-        cfg, run_dir, acc = self.cfg, self.cfg.run_dir, self.accelerator
-        self.lock = None
-        if acc.is_main_process:
-            try:
-                run_dir.parent.mkdir(parents=True, exist_ok=True)
-                tempfile.TemporaryDirectory(dir=run_dir.parent).cleanup()   # the only reliable test (root ignores mode bits)
-            except OSError as e:
-                raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
-            self.lock = RunLock(cfg.output_dir, cfg.run_name).acquire()
-            if settle_run_dir(run_dir) == "restored":
-                self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
-            if run_dir.exists() and not run_dir.is_dir():
-                raise ConfigError(f"run_name: {run_dir} exists and is not a folder; choose another run_name")
-            if cfg.resume is None and run_dir.exists() and any(run_dir.iterdir()) and not cfg.overwrite:
-                raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, "
-                                  "overwrite=true to replace it (the old run is kept until the new one has saved), "
-                                  "or choose another run_name")
-        acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
-
     def close(self):
         "Release the run name (also released when the process ends, however it ends)."
         if getattr(self, "lock", None) is not None: self.lock.release()
 
-    def _build_dflash_config(self) -> DFlashConfig:
-        cfg, tc = self.cfg, self.target_config
-        d = DFlashConfig(mask_token_id=cfg.mask_token_id, block_size=cfg.block_size, target_layer_ids=cfg.target_layer_ids,
-                         shift_label=cfg.shift_label)
-        return d.resolve_layers(tc.num_hidden_layers, cfg.draft_num_hidden_layers).validate(
-            vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
-
-    def _load_resume_state(self) -> Optional[dict]:
-        cfg = self.cfg
-        if cfg.resume is None: return None
-        path = resume_checkpoint(cfg.run_dir, cfg.resume)
-        if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
-        check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
-        check_resumed_config(path, self.cfg)
-        return {"path": path, **load_checkpoint_state(path)}
-
-    def _build_datasets(self):
-        cfg, out = self.cfg, []
-        for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):
-            source = getattr(cfg, key)
-            if source is None: out.append(None); continue
-            try:
-                rows = load_chat_rows(resolve_data_path(source))
-                if cap is not None: rows = rows[:cap]
-                ds, stats = build_chat_dataset(self.tokenizer, rows, cfg.seq_length, enable_thinking=cfg.enable_thinking,
-                                               verbose=self.accelerator.is_main_process)
-            except (ChatDataError, FileNotFoundError) as e: raise ConfigError(f"{key}: {e}") from None
-            if len(ds) == 0: raise ConfigError(f"{key}: {source} has no row with a supervised token within seq_length={cfg.seq_length}")
-            out.append(ds)
-        return tuple(out)
-
-    def _check_has_anchors(self):
-        "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
-        last = self.cfg.seq_length - self.cfg.block_size    # a batch is at most seq_length long: anchors a <= S - bs
-        if not any(any(ex["loss_mask"][: last + 1]) for ex in self.train_set):
-            raise ConfigError(f"block_size: no training row can hold a block of {self.cfg.block_size} tokens (an anchor "
-                              f"is a supervised token with block_size - 1 tokens after it within seq_length="
-                              f"{self.cfg.seq_length}); lower block_size or raise seq_length")
-
-    def _load_target(self):
-        target = load_target(self.target_path, device=self.accelerator.device)
-        if self.cfg.shard_target and self.accelerator.num_processes > 1:
-            from torch.distributed.fsdp import fully_shard  # FSDP2: shard every decoder layer, then the rest
-            for layer in target.model.layers: fully_shard(layer)
-            fully_shard(target)
-        return target
-
-    def _build_draft(self):
-        if self.start is not None:
-            draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft")
-        else:
-            draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers))
-        return draft.to(self.accelerator.device)
-
-    def _trainer_kwargs(self) -> dict:
-        return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
-                    num_anchors=self.cfg.num_anchors, loss_decay_gamma=self.cfg.loss_decay_gamma,
-                    attention_backend=self.cfg.attention_backend)
-
-    def _build_trainer_module(self):
-        return DFlashTrainer(self.draft, **self._trainer_kwargs())
-
-    def _count_total_steps(self) -> int:
-        cfg, acc = self.cfg, self.accelerator
-        micro = len(epoch_order(len(self.train_set), cfg.seed, 0, 0, acc.num_processes, cfg.micro_batch_size, pad=True))
-        steps = math.ceil(micro / cfg.grad_accumulation_steps) * cfg.num_epochs
-        return min(steps, cfg.max_steps) if cfg.max_steps else steps
-
-    # ---------------------------------------------------------------- small helpers
-    def print(self, *args):
-        "Rank-0 print (one code path for one and many processes)."
-        if not hasattr(self, "accelerator") or self.accelerator.is_main_process: print(*args, flush=True)
-
-    def _collate(self, dataset, rows: list[int]) -> dict:
-        batch = collate_chat([dataset[i] for i in rows], self.tokenizer.pad_token_id)
-        return {k: v.to(self.accelerator.device) for k, v in batch.items()}
-
-    def _features(self, batch) -> torch.Tensor:
-        # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target
-        return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, batch["attention_mask"],
-                                stop_early=not self.cfg.shard_target)
-
-    def _add_anchors(self, batch, generator) -> bool:
-        "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
-        try: batch["anchor_positions"], batch["block_keep"] = sample_anchors(
-                batch["loss_mask"], self.cfg.block_size, self.cfg.num_anchors, generator=generator)
-        except NoValidAnchorsError: return False
-        return True
-
-    def _weight_sum(self, batch) -> float:
-        "Σw of the micro-batch's loss (SPEC §5.6), known before the forward so the window can be normalised up front."
-        _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
-                                self.cfg.block_size, self.dflash.shift_label)
-        return float(loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum())
-
-    def _reduce(self, values: list[float], op: str) -> list[float]:
-        "One all-reduce (SUM or MIN) of a short list of floats; identity on one process."
-        t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            import torch.distributed as dist
-            dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
-        return t.tolist()
-
-    # ---------------------------------------------------------------- hooks (the Domino recipe overrides these)
-    def _run_trainer_step(self, batch, features, model=None, **kw) -> dict:
-        model = model if model is not None else self.model
-        return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
-                     block_keep=batch["block_keep"], **kw)
-
-    def _train_metric_sums(self, out) -> dict:
-        w = out["weight_sum"]
-        sums = {"loss": (out["loss"].detach() * w, w), "base_loss": (out["base_loss"] * w, w),
-                "base_accuracy": (out["base_correct"], out["valid_slots"]),
-                "base_accept_len": (out["base_accept_sum"], out["valid_blocks"])}
-        sums["accuracy"], sums["accept_len"] = sums["base_accuracy"], sums["base_accept_len"]  # DFlash: final = base
-        sums.update(self._extra_train_metric_sums(out))
-        return sums
-
-    def _extra_train_metric_sums(self, out) -> dict: return {}
-
-    def _log_extra_train_metrics(self, metrics: dict) -> dict: return metrics
-
-    def _eval_metric_sums(self, out) -> dict:
-        sums = self._train_metric_sums(out)
-        sums.update(self._extra_eval_metric_sums(out))
-        return sums
-
-    def _extra_eval_metric_sums(self, out) -> dict: return {}
-
-    def _empty_extra_eval_metric_sums(self) -> list[str]: return []
-
-    def _eval_metric_names(self) -> list[str]:
-        return ["loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len"] + self._empty_extra_eval_metric_sums()
-
-    # ---------------------------------------------------------------- validation
-    @torch.no_grad()
-    def evaluate(self) -> dict:
-        "Teacher-forced validation. Anchors are seeded by row index, so any number of ranks reports the same sums."
-        if self.eval_set is None: return {}
-        acc = self.accelerator
-        self.trainer.eval()
-        sums = EvalSums(self._eval_metric_names())          # exists (as zeros) even on a rank with no batch
-        for rows in epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False):
-            batch = self._collate(self.eval_set, rows)
-            if not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
-            out = self._run_trainer_step(batch, self._features(batch), model=self.trainer)
-            for name, (num, den) in self._eval_metric_sums(out).items():
-                if name in sums.names: sums.add(name, torch.as_tensor(num, dtype=torch.float64), torch.as_tensor(den, dtype=torch.float64))
-        sums.all_reduce(acc if acc.num_processes > 1 else None)
-        self.trainer.train()
-        return {f"eval/{k}": v for k, v in sums.result().items()}
-
-    # ---------------------------------------------------------------- the loop
-    def run(self) -> dict:
-        """Train. The run directory is written only now; if the run fails before its first checkpoint, the directory
-        is removed again, or, when it replaced an old run (`overwrite`), the old run is put back."""
-        run_dir, acc = self.cfg.run_dir, self.accelerator
-        self.replaced, created = None, False
-        if acc.is_main_process:
-            if self.cfg.overwrite and self.cfg.resume is None: self.replaced = set_aside(run_dir)
-            created = not run_dir.exists()
-        acc.wait_for_everyone()
+# %% ../nbs/20_train.ipynb #138aba61
+@patch
+def _claim_run_dir(self: TrainDFlashRecipe):
+    "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident."
+    cfg, run_dir, acc = self.cfg, self.cfg.run_dir, self.accelerator
+    self.lock = None
+    if acc.is_main_process:
         try:
-            if acc.is_main_process:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                _write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
-                if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
-            acc.wait_for_everyone()
-            return self._train(run_dir)
-        except BaseException:
-            if acc.is_main_process and not list_checkpoints(run_dir):
-                if self.replaced is not None: settle_run_dir(run_dir)     # puts the old run back
-                elif created: shutil.rmtree(run_dir, ignore_errors=True)
-            raise
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryDirectory(dir=run_dir.parent).cleanup()   # the only reliable test (root ignores mode bits)
+        except OSError as e:
+            raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
+        self.lock = RunLock(cfg.output_dir, cfg.run_name).acquire()
+        if settle_run_dir(run_dir) == "restored":
+            self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"run_name: {run_dir} exists and is not a folder; choose another run_name")
+        if cfg.resume is None and run_dir.exists() and any(run_dir.iterdir()) and not cfg.overwrite:
+            raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, "
+                              "overwrite=true to replace it (the old run is kept until the new one has saved), "
+                              "or choose another run_name")
+    acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
 
-    def _train(self, run_dir: Path) -> dict:
-        cfg, acc = self.cfg, self.accelerator
-        if cfg.wandb_project:      # wandb's own files go into the run directory, not the working directory
-            acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
-                              init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
-        step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
-        metrics_file = run_dir / "metrics.jsonl"
-        if self.start is not None: step, epoch, offset = self._restore(metrics_file)
-        bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
-        self.model.train()
-        while step < self.total_steps and epoch < cfg.num_epochs:
-            batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
-                                  cfg.micro_batch_size, pad=True)
-            while offset < len(batches) and step < self.total_steps:
-                window = batches[offset: offset + cfg.grad_accumulation_steps]
-                offset += len(window)
-                stats = self._train_window(window, step)
-                if stats is None: continue                  # the whole window was skipped on every rank
-                step += 1
-                stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
-                if cfg.eval_every_steps and step % cfg.eval_every_steps == 0: stats.update(self.evaluate())
-                self._log(metrics_file, stats, step)
-                _fault_point("optimiser-step")
-                bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
-                                **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
-                if cfg.save_every_steps and step % cfg.save_every_steps == 0:
-                    self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, offset)))
-            if offset >= len(batches):
-                epoch, offset = epoch + 1, 0
-                if epoch < cfg.num_epochs and step < self.total_steps and cfg.eval_data is not None:
-                    self._log(metrics_file, {"step": step, "epoch": epoch, **self.evaluate()}, step)
-        bar.close()
-        if step == 0:
-            raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
-                              f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
-        final = {"step": step, **self.evaluate()}
-        self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
-        self._save(run_dir, step, epoch, offset)
+# %% ../nbs/20_train.ipynb #d60f9a2a
+@patch
+def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
+    cfg, tc = self.cfg, self.target_config
+    d = DFlashConfig(mask_token_id=cfg.mask_token_id, block_size=cfg.block_size, target_layer_ids=cfg.target_layer_ids,
+                     shift_label=cfg.shift_label)
+    return d.resolve_layers(tc.num_hidden_layers, cfg.draft_num_hidden_layers).validate(
+        vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
+
+@patch
+def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
+    cfg = self.cfg
+    if cfg.resume is None: return None
+    path = resume_checkpoint(cfg.run_dir, cfg.resume)
+    if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
+    check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
+    check_resumed_config(path, self.cfg)
+    return {"path": path, **load_checkpoint_state(path)}
+
+@patch
+def _build_datasets(self: TrainDFlashRecipe):
+    cfg, out = self.cfg, []
+    for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):
+        source = getattr(cfg, key)
+        if source is None: out.append(None); continue
+        try:
+            rows = load_chat_rows(resolve_data_path(source))
+            if cap is not None: rows = rows[:cap]
+            ds, stats = build_chat_dataset(self.tokenizer, rows, cfg.seq_length, enable_thinking=cfg.enable_thinking,
+                                           verbose=self.accelerator.is_main_process)
+        except (ChatDataError, FileNotFoundError) as e: raise ConfigError(f"{key}: {e}") from None
+        if len(ds) == 0: raise ConfigError(f"{key}: {source} has no row with a supervised token within seq_length={cfg.seq_length}")
+        out.append(ds)
+    return tuple(out)
+
+@patch
+def _check_has_anchors(self: TrainDFlashRecipe):
+    "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
+    last = self.cfg.seq_length - self.cfg.block_size    # a batch is at most seq_length long: anchors a <= S - bs
+    if not any(any(ex["loss_mask"][: last + 1]) for ex in self.train_set):
+        raise ConfigError(f"block_size: no training row can hold a block of {self.cfg.block_size} tokens (an anchor "
+                          f"is a supervised token with block_size - 1 tokens after it within seq_length="
+                          f"{self.cfg.seq_length}); lower block_size or raise seq_length")
+
+# %% ../nbs/20_train.ipynb #731d7b60
+@patch
+def _load_target(self: TrainDFlashRecipe):
+    target = load_target(self.target_path, device=self.accelerator.device)
+    if self.cfg.shard_target and self.accelerator.num_processes > 1:
+        from torch.distributed.fsdp import fully_shard  # FSDP2: shard every decoder layer, then the rest
+        for layer in target.model.layers: fully_shard(layer)
+        fully_shard(target)
+    return target
+
+@patch
+def _build_draft(self: TrainDFlashRecipe):
+    if self.start is not None:
+        draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft")
+    else:
+        draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers))
+    return draft.to(self.accelerator.device)
+
+@patch
+def _trainer_kwargs(self: TrainDFlashRecipe) -> dict:
+    return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
+                num_anchors=self.cfg.num_anchors, loss_decay_gamma=self.cfg.loss_decay_gamma,
+                attention_backend=self.cfg.attention_backend)
+
+@patch
+def _build_trainer_module(self: TrainDFlashRecipe):
+    return DFlashTrainer(self.draft, **self._trainer_kwargs())
+
+@patch
+def _count_total_steps(self: TrainDFlashRecipe) -> int:
+    cfg, acc = self.cfg, self.accelerator
+    micro = len(epoch_order(len(self.train_set), cfg.seed, 0, 0, acc.num_processes, cfg.micro_batch_size, pad=True))
+    steps = math.ceil(micro / cfg.grad_accumulation_steps) * cfg.num_epochs
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+# %% ../nbs/20_train.ipynb #953e54f4
+@patch
+def print(self: TrainDFlashRecipe, *args):
+    "Rank-0 print (one code path for one and many processes)."
+    if not hasattr(self, "accelerator") or self.accelerator.is_main_process: print(*args, flush=True)
+
+@patch
+def _collate(self: TrainDFlashRecipe, dataset, rows: list[int]) -> dict:
+    batch = collate_chat([dataset[i] for i in rows], self.tokenizer.pad_token_id)
+    return {k: v.to(self.accelerator.device) for k, v in batch.items()}
+
+@patch
+def _features(self: TrainDFlashRecipe, batch) -> torch.Tensor:
+    # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target
+    return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, batch["attention_mask"],
+                            stop_early=not self.cfg.shard_target)
+
+@patch
+def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
+    "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
+    try: batch["anchor_positions"], batch["block_keep"] = sample_anchors(
+            batch["loss_mask"], self.cfg.block_size, self.cfg.num_anchors, generator=generator)
+    except NoValidAnchorsError: return False
+    return True
+
+@patch
+def _weight_sum(self: TrainDFlashRecipe, batch) -> float:
+    "Σw of the micro-batch's loss (SPEC §5.6), known before the forward so the window can be normalised up front."
+    _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
+                            self.cfg.block_size, self.dflash.shift_label)
+    return float(loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum())
+
+@patch
+def _reduce(self: TrainDFlashRecipe, values: list[float], op: str) -> list[float]:
+    "One all-reduce (SUM or MIN) of a short list of floats; identity on one process."
+    t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+    if self.accelerator.num_processes > 1:
+        import torch.distributed as dist
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
+    return t.tolist()
+
+# %% ../nbs/20_train.ipynb #5346aaeb
+@patch
+def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, **kw) -> dict:
+    model = model if model is not None else self.model
+    return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
+                 block_keep=batch["block_keep"], **kw)
+
+@patch
+def _train_metric_sums(self: TrainDFlashRecipe, out) -> dict:
+    w = out["weight_sum"]
+    sums = {"loss": (out["loss"].detach() * w, w), "base_loss": (out["base_loss"] * w, w),
+            "base_accuracy": (out["base_correct"], out["valid_slots"]),
+            "base_accept_len": (out["base_accept_sum"], out["valid_blocks"])}
+    sums["accuracy"], sums["accept_len"] = sums["base_accuracy"], sums["base_accept_len"]  # DFlash: final = base
+    sums.update(self._extra_train_metric_sums(out))
+    return sums
+
+@patch
+def _extra_train_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
+
+@patch
+def _log_extra_train_metrics(self: TrainDFlashRecipe, metrics: dict) -> dict: return metrics
+
+@patch
+def _eval_metric_sums(self: TrainDFlashRecipe, out) -> dict:
+    sums = self._train_metric_sums(out)
+    sums.update(self._extra_eval_metric_sums(out))
+    return sums
+
+@patch
+def _extra_eval_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
+
+@patch
+def _empty_extra_eval_metric_sums(self: TrainDFlashRecipe) -> list[str]: return []
+
+@patch
+def _eval_metric_names(self: TrainDFlashRecipe) -> list[str]:
+    return ["loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len"] + self._empty_extra_eval_metric_sums()
+
+# %% ../nbs/20_train.ipynb #ff2d5ad7
+@patch
+@torch.no_grad()
+def evaluate(self: TrainDFlashRecipe) -> dict:
+    "Teacher-forced validation. Anchors are seeded by row index, so any number of ranks reports the same sums."
+    if self.eval_set is None: return {}
+    acc = self.accelerator
+    self.trainer.eval()
+    sums = EvalSums(self._eval_metric_names())          # exists (as zeros) even on a rank with no batch
+    for rows in epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False):
+        batch = self._collate(self.eval_set, rows)
+        if not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
+        out = self._run_trainer_step(batch, self._features(batch), model=self.trainer)
+        for name, (num, den) in self._eval_metric_sums(out).items():
+            if name in sums.names: sums.add(name, torch.as_tensor(num, dtype=torch.float64), torch.as_tensor(den, dtype=torch.float64))
+    sums.all_reduce(acc if acc.num_processes > 1 else None)
+    self.trainer.train()
+    return {f"eval/{k}": v for k, v in sums.result().items()}
+
+# %% ../nbs/20_train.ipynb #fa94182b
+@patch
+def _train_window(self: TrainDFlashRecipe, window: list[list[int]], step: int) -> Optional[dict]:
+    """One optimiser step over up to `grad_accumulation_steps` micro-batches.
+
+    Each micro-batch's loss is a Σw-normalised mean, so we rescale it by Σw_i / Σw_window (Σw over all micro-batches
+    and ranks, known before any forward because anchors are sampled first): the step then equals one big batch, a
+    trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`."""
+    cfg, acc = self.cfg, self.accelerator
+    batches = [self._collate(self.train_set, rows) for rows in window]
+    has = [self._add_anchors(b, self.generator) for b in batches]
+    keep = self._reduce([float(h) for h in has], "min")   # skipped on every rank if any rank has no anchor
+    batches = [b for b, k in zip(batches, keep) if k]
+    weights = [self._weight_sum(b) for b in batches]
+    total = self._reduce([sum(weights)], "sum")[0]
+    if not batches or total == 0: return None
+    sums = WindowSums()
+    for i, (batch, w) in enumerate(zip(batches, weights)):
+        last = i == len(batches) - 1
+        with (acc.no_sync(self.model) if not last else nullcontext()):   # gradients sync once per window
+            out = self._run_trainer_step(batch, self._features(batch))
+            finite = self._reduce([float(torch.isfinite(out["loss"].detach()))], "min")[0]
+            if not finite:
+                self.optimizer.zero_grad(set_to_none=True)
+                if cfg.on_nonfinite == "stop":
+                    raise NonFiniteLossError(f"non-finite loss ({float(out['loss'])}) at optimiser step {step + 1}, "
+                        f"micro-batch {i + 1} of its window; stopped before the update, no checkpoint written. "
+                        "Lower learning_rate, check the data, or set on_nonfinite: skip.")
+                self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
+            acc.backward(out["loss"] * (w * acc.num_processes / total))
+        for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, _scalar(num), _scalar(den))
+    grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+    self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
+    stats = self._log_extra_train_metrics(sums.compute())
+    stats["grad_norm"] = _scalar(grad_norm)
+    return stats
+
+# %% ../nbs/20_train.ipynb #1934c688
+@patch
+def run(self: TrainDFlashRecipe) -> dict:
+    """Train. The run directory is written only now; if the run fails before its first checkpoint, the directory
+    is removed again, or, when it replaced an old run (`overwrite`), the old run is put back."""
+    run_dir, acc = self.cfg.run_dir, self.accelerator
+    self.replaced, created = None, False
+    if acc.is_main_process:
+        if self.cfg.overwrite and self.cfg.resume is None: self.replaced = set_aside(run_dir)
+        created = not run_dir.exists()
+    acc.wait_for_everyone()
+    try:
         if acc.is_main_process:
-            _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
-            _write_json(run_dir / "summary.json", _strict(final))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
+            if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
-        if cfg.wandb_project: acc.end_training()
-        return final
+        return self._train(run_dir)
+    except BaseException:
+        if acc.is_main_process and not list_checkpoints(run_dir):
+            if self.replaced is not None: settle_run_dir(run_dir)     # puts the old run back
+            elif created: shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
-    def _train_window(self, window: list[list[int]], step: int) -> Optional[dict]:
-        """One optimiser step over up to `grad_accumulation_steps` micro-batches.
+# %% ../nbs/20_train.ipynb #a99a6db2
+@patch
+def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
+    cfg, acc = self.cfg, self.accelerator
+    if cfg.wandb_project:      # wandb's own files go into the run directory, not the working directory
+        acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
+                          init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
+    step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
+    metrics_file = run_dir / "metrics.jsonl"
+    if self.start is not None: step, epoch, offset = self._restore(metrics_file)
+    bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
+    self.model.train()
+    while step < self.total_steps and epoch < cfg.num_epochs:
+        batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
+                              cfg.micro_batch_size, pad=True)
+        while offset < len(batches) and step < self.total_steps:
+            window = batches[offset: offset + cfg.grad_accumulation_steps]
+            offset += len(window)
+            stats = self._train_window(window, step)
+            if stats is None: continue                  # the whole window was skipped on every rank
+            step += 1
+            stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
+            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0: stats.update(self.evaluate())
+            self._log(metrics_file, stats, step)
+            _fault_point("optimiser-step")
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
+                            **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
+            if cfg.save_every_steps and step % cfg.save_every_steps == 0:
+                self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, offset)))
+        if offset >= len(batches):
+            epoch, offset = epoch + 1, 0
+            if epoch < cfg.num_epochs and step < self.total_steps and cfg.eval_data is not None:
+                self._log(metrics_file, {"step": step, "epoch": epoch, **self.evaluate()}, step)
+    bar.close()
+    if step == 0:
+        raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
+                          f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
+    final = {"step": step, **self.evaluate()}
+    self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
+    self._save(run_dir, step, epoch, offset)
+    if acc.is_main_process:
+        _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
+        _write_json(run_dir / "summary.json", _strict(final))
+    acc.wait_for_everyone()
+    if cfg.wandb_project: acc.end_training()
+    return final
 
-        Each micro-batch's loss is a Σw-normalised mean, so we rescale it by Σw_i / Σw_window (Σw over all micro-batches
-        and ranks, known before any forward because anchors are sampled first): the step then equals one big batch, a
-        trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`."""
-        cfg, acc = self.cfg, self.accelerator
-        batches = [self._collate(self.train_set, rows) for rows in window]
-        has = [self._add_anchors(b, self.generator) for b in batches]
-        keep = self._reduce([float(h) for h in has], "min")   # skipped on every rank if any rank has no anchor
-        batches = [b for b, k in zip(batches, keep) if k]
-        weights = [self._weight_sum(b) for b in batches]
-        total = self._reduce([sum(weights)], "sum")[0]
-        if not batches or total == 0: return None
-        sums = WindowSums()
-        for i, (batch, w) in enumerate(zip(batches, weights)):
-            last = i == len(batches) - 1
-            with (acc.no_sync(self.model) if not last else nullcontext()):   # gradients sync once per window
-                out = self._run_trainer_step(batch, self._features(batch))
-                finite = self._reduce([float(torch.isfinite(out["loss"].detach()))], "min")[0]
-                if not finite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if cfg.on_nonfinite == "stop":
-                        raise NonFiniteLossError(f"non-finite loss ({float(out['loss'])}) at optimiser step {step + 1}, "
-                            f"micro-batch {i + 1} of its window; stopped before the update, no checkpoint written. "
-                            "Lower learning_rate, check the data, or set on_nonfinite: skip.")
-                    self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
-                acc.backward(out["loss"] * (w * acc.num_processes / total))
-            for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, _scalar(num), _scalar(den))
-        grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
-        stats = self._log_extra_train_metrics(sums.compute())
-        stats["grad_norm"] = _scalar(grad_norm)
-        return stats
+@patch
+def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
+    if self.accelerator.is_main_process:
+        with open(metrics_file, "a") as f: f.write(json.dumps(_strict(stats), allow_nan=False) + "\n")
+    if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
-    def _log(self, metrics_file, stats: dict, step: int):
-        if self.accelerator.is_main_process:
-            with open(metrics_file, "a") as f: f.write(json.dumps(_strict(stats), allow_nan=False) + "\n")
-        if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
+# %% ../nbs/20_train.ipynb #cd4f8b16
+@patch
+def _save(self: TrainDFlashRecipe, run_dir, step, epoch, offset):
+    acc = self.accelerator
+    if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
+    rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
+    if acc.is_main_process:
+        loop = {"step": step, "epoch": epoch, "offset": offset, "world_size": acc.num_processes}
+        save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, self.optimizer, self.scheduler, loop, rng,
+                        self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints)
+        if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
+    self.saved_step = step
+    acc.wait_for_everyone()
 
-    # ---------------------------------------------------------------- checkpoints
-    def _save(self, run_dir, step, epoch, offset):
-        acc = self.accelerator
-        if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
-        rng = _gather_objects(_rng_state(self.generator))   # every rank's RNG, so each resumes its own stream
-        if acc.is_main_process:
-            loop = {"step": step, "epoch": epoch, "offset": offset, "world_size": acc.num_processes}
-            save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, self.optimizer, self.scheduler, loop, rng,
-                            self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints)
-            if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
-        self.saved_step = step
-        acc.wait_for_everyone()
-
-    def _restore(self, metrics_file) -> tuple[int, int, int]:
-        s, acc = self.start, self.accelerator
-        if s["loop"]["world_size"] != acc.num_processes:
-            raise ConfigError(f"resume: {s['path']} was written by {s['loop']['world_size']} processes, this run has "
-                              f"{acc.num_processes}; resume with the same number of processes")
-        self.optimizer.load_state_dict(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
-        _set_rng_state(s["rng"][acc.process_index], self.generator)
-        step = self.saved_step = s["loop"]["step"]
-        if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
-            rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
-            _write_text(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
-        self.print(f"resumed from {s['path']} at step {step}")
-        self.start = {"path": s["path"], "loop": s["loop"]}  # the optimiser state is loaded: let it go
-        return step, s["loop"]["epoch"], s["loop"]["offset"]
-
-# %% ../nbs/20_train.ipynb #154fc643
-def _gather_objects(obj) -> list:
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()): return [obj]
-    out = [None] * dist.get_world_size(); dist.all_gather_object(out, obj)
-    return out
+@patch
+def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
+    s, acc = self.start, self.accelerator
+    if s["loop"]["world_size"] != acc.num_processes:
+        raise ConfigError(f"resume: {s['path']} was written by {s['loop']['world_size']} processes, this run has "
+                          f"{acc.num_processes}; resume with the same number of processes")
+    self.optimizer.load_state_dict(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
+    _set_rng_state(s["rng"][acc.process_index], self.generator)
+    step = self.saved_step = s["loop"]["step"]
+    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
+        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
+        _write_text(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
+    self.print(f"resumed from {s['path']} at step {step}")
+    self.start = {"path": s["path"], "loop": s["loop"]}  # the optimiser state is loaded: let it go
+    return step, s["loop"]["epoch"], s["loop"]["offset"]
 
 # %% ../nbs/20_train.ipynb #b62d43ea
 class TrainDominoRecipe(TrainDFlashRecipe):
@@ -847,6 +882,7 @@ def _print_summary(cfg, result: dict):
              if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless", "step"))]
     print(f"[{cfg.run_name}] {cfg.run_dir}: " + " ".join(parts), flush=True)
 
+# %% ../nbs/20_train.ipynb #30beeaa8
 def plot_run(run_dir):
     "Training curves from metrics.jsonl → run_dir/plots/training.png."
     import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
@@ -873,6 +909,7 @@ def plot_run(run_dir):
     fig.savefig(run_dir / "plots" / "training.png", dpi=110); plt.close(fig)
     return run_dir / "plots" / "training.png"
 
+# %% ../nbs/20_train.ipynb #12ae0391
 def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
     "`--config X --key value ...` → (X, {key: yaml-typed value}); `--key=value` works too."
     config, out, i = None, {}, 0
