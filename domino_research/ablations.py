@@ -193,7 +193,7 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     if run_dirs:
         fig = Figure(figsize=(11, 3.6)); axes = fig.subplots(1, 2)
         for n in names:
-            for j, (seed, rd) in enumerate(sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))):
+            for j, (_seed, rd) in enumerate(sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))):
                 rows = _train_rows(Path(rd))
                 if not rows: continue
                 k = max(1, len(rows) // 25)
@@ -334,7 +334,7 @@ def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Op
     return {n: resolve_variant(n, table[n], block_size, base_overrides, configs) for n in variants}
 
 def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_new_tokens: int,
-                 block_size: Optional[int] = None, base_overrides: dict = {}, prompts=None, configs: Optional[dict] = None,
+                 block_size: Optional[int] = None, base_overrides: Optional[dict] = None, prompts=None, configs: Optional[dict] = None,
                  table: Optional[dict] = None, log=print) -> dict:
     "Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir."
     table = VARIANTS if table is None else table
@@ -353,7 +353,7 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
             runs[n][s] = run_one(n, s, config, ov, changes, steps, out, prompts, n_eval_prompts, max_new_tokens, targets, log)
             run_dirs[n][s] = out / "runs" / n / f"seed{s}"
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
-            "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides,
+            "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides or {},
             "prompts": prompts, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),

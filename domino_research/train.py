@@ -234,7 +234,7 @@ def read_metrics(path) -> list[dict]:
     for n, line in enumerate(lines, 1):
         if not line.strip(): continue
         try: rows.append(json.loads(line))
-        except ValueError: warnings.warn(f"{path}:{n}: dropping a torn line (its writer was killed mid-line)")
+        except ValueError: warnings.warn(f"{path}:{n}: dropping a torn line (its writer was killed mid-line)", stacklevel=2)
     return rows
 
 def _export_draft(draft, out: Path):
@@ -322,7 +322,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         return path
     for path in reversed(list_checkpoints(run_dir)):
         if not (damage := checkpoint_damage(path)): return path
-        warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one")
+        warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
 RESUMABLE_KEYS = ("resume", "overwrite", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
@@ -333,7 +333,7 @@ def check_resumed_config(path, cfg: DFlashTrainConfig):
     "Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change)."
     saved_file = Path(path) / "config.json"
     if not saved_file.is_file():
-        warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it")
+        warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it", stacklevel=2)
         return
     saved, now = json.loads(saved_file.read_text()), json.loads(json.dumps(dataclasses.asdict(cfg)))
     diff = sorted(k for k in saved.keys() | now.keys() if k not in RESUMABLE_KEYS and saved.get(k) != now.get(k))
@@ -357,7 +357,7 @@ class RunLock:
             raise ConfigError(f"run_name: {self.run_dir} is in use by {holder}; "
                               "wait for that run to end, or choose another run_name") from None
         except OSError as e:     # a filesystem without locks: say so once, and go on unlocked
-            warnings.warn(f"cannot lock {self.path} ({e.strerror}); a second run on this name would not be detected")
+            warnings.warn(f"cannot lock {self.path} ({e.strerror}); a second run on this name would not be detected", stacklevel=2)
         f.seek(0); f.truncate(); f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         f.flush(); self.file = f
         return self

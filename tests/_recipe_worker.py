@@ -1,5 +1,5 @@
 "Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write per-rank JSON."
-import json, os, sys
+import json, sys
 from pathlib import Path
 
 from domino_research.train import RECIPES, load_train_config

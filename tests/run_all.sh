@@ -14,6 +14,9 @@ if [ -n "$(git status --porcelain -- domino_research/)" ]; then
   git status --porcelain -- domino_research/; echo "domino_research/ is out of sync with nbs/: run nbdev_export and commit"; exit 1
 fi
 
+echo "== lint (ruff, configured in pyproject.toml: library, notebooks, tests)"
+ruff check --no-cache .
+
 echo "== notebook tests (nbdev_test${NBDEV_FLAGS:+ --flags $NBDEV_FLAGS})"
 nbdev_test --n_workers 2 ${NBDEV_FLAGS:+--flags "$NBDEV_FLAGS"}
 

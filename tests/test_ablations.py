@@ -1,7 +1,6 @@
 """The ablation notebook end to end under papermill: a tiny table (DFlash + Domino, two seeds, two steps) on the random
 target, checked for its files, the results.json schema, the table, the plots and the deleted weights."""
 import json, math, os, subprocess, sys
-from pathlib import Path
 
 import yaml
 
