@@ -28,7 +28,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	PATH=$(abspath $(BIN)):$$PATH bash tests/run_all.sh
 
-# The ablation table (issue 6): 9 variants x 2 seeds on the embedded default -> runs/ablations/main/ (resumes if interrupted).
+# The ablation table: 9 variants x 2 seeds on the embedded default -> runs/ablations/main/ (resumes if interrupted).
 # TQDM_DISABLE: every progress-bar refresh would be stored as its own output of the executed notebook (13k of them).
 ablations: $(BIN)/.installed
 	mkdir -p runs/ablations/main

@@ -24,7 +24,7 @@ __all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BY
            'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
 
 # %% ../nbs/40_ablations.ipynb #46251105
-PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size (SPEC §5.6)
+PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
 
 @dataclass(frozen=True)
 class Variant:

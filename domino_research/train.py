@@ -50,7 +50,7 @@ class DFlashTrainConfig:
     max_eval_samples: Optional[int] = None     # cap on validation rows
     # -- draft
     draft_num_hidden_layers: int = 5
-    target_layer_ids: Optional[list[int]] = None  # None = default rule (SPEC §3)
+    target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
     block_size: int = 16
     mask_token_id: Optional[int] = None        # required: a reserved row of the target's embedding table
     shift_label: bool = False                  # DFlash convention: slot k predicts x[a+k]
@@ -135,7 +135,7 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
            f"must be 'sdpa' or 'flex_attention' (got {cfg.attention_backend!r})")
     _check(cfg.attention_backend == "sdpa" or torch.cuda.is_available(), "attention_backend",
-           "flex_attention has no backward on CPU (SPEC §12); use 'sdpa' on CPU")
+           "flex_attention has no backward on CPU; use 'sdpa' on CPU")
     _check(cfg.on_nonfinite in ("stop", "skip"), "on_nonfinite", f"must be 'stop' or 'skip' (got {cfg.on_nonfinite!r})")
     _check(cfg.loss_decay_gamma is None or cfg.loss_decay_gamma > 0, "loss_decay_gamma", f"must be > 0 or null (got {cfg.loss_decay_gamma})")
     _check(cfg.decode_eval_prompts == 0 or cfg.decode_prompts is not None or cfg.target == "embedded", "decode_prompts",
@@ -595,7 +595,7 @@ def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
 
 @patch
 def _weight_sum(self: TrainDFlashRecipe, batch) -> float:
-    "Σw of the micro-batch's loss (SPEC §5.6), known before the forward so the window can be normalised up front."
+    "Σw of the micro-batch's loss (notebook 01), known before the forward so the window can be normalised up front."
     _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
                             self.cfg.block_size, self.dflash.shift_label)
     return float(loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum())
