@@ -35,7 +35,8 @@ class EvalSums:
     def _value(self, x) -> Tensor:
         if isinstance(x, Tensor):
             if x.numel() != 1: raise ValueError(f"EvalSums.add: expected a scalar, got a tensor of shape {tuple(x.shape)}")
-            return x.detach().reshape(()).to(self.sums.device, torch.float64, non_blocking=True)
+            # blocking: a non_blocking device-to-host copy may not have landed when the next line adds it
+            return x.detach().reshape(()).to(self.sums.device, torch.float64)
         return torch.tensor(float(x), dtype=torch.float64, device=self.sums.device)
 
     def add(self, name: str, num, den):

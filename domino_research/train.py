@@ -656,7 +656,7 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
     if self.eval_set is None: return {}
     acc = self.accelerator
     self.trainer.eval()
-    sums = EvalSums(self._eval_metric_names())          # exists (as zeros) even on a rank with no batch
+    sums = EvalSums(self._eval_metric_names(), device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
     for rows in epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False):
         batch = self._collate(self.eval_set, rows)
         if not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
