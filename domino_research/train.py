@@ -335,7 +335,9 @@ def check_resumed_config(path, cfg: DFlashTrainConfig):
     if not saved_file.is_file():
         warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it", stacklevel=2)
         return
-    saved, now = json.loads(saved_file.read_text()), json.loads(json.dumps(dataclasses.asdict(cfg)))
+    now = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))      # a key added since the checkpoint: its default
+    saved = {**defaults, **json.loads(saved_file.read_text())}
     diff = sorted(k for k in saved.keys() | now.keys() if k not in RESUMABLE_KEYS and saved.get(k) != now.get(k))
     if diff:
         pairs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in diff)
