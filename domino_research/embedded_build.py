@@ -23,8 +23,8 @@ from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFa
                           get_cosine_schedule_with_warmup)
 
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, read_jsonl, tokenize_chat
-from .embedded import (EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path,
-                                      load_embedded_target, write_manifest)
+from .embedded import (
+    EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path, load_embedded_target, write_manifest)
 
 # %% auto #0
 __all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
