@@ -5,6 +5,7 @@
 # %% ../nbs/11_data.ipynb #edfe14cc
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -16,8 +17,8 @@ from transformers import PreTrainedTokenizerFast
 
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
-           'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask', 'build_chat_dataset',
-           'collate_chat']
+           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask',
+           'build_chat_dataset', 'collate_chat']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -53,9 +54,9 @@ def normalize_chat_row(row: dict, where: str) -> dict:
 
 # %% ../nbs/11_data.ipynb #621d7e5b
 def _read_jsonl(path: Path) -> list[tuple[str, object]]:
-    "Parse JSON Lines; each entry is (where, object). Blank lines are skipped."
+    "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
     out = []
-    with open(path, encoding="utf-8") as f:
+    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip(): continue
             try: out.append((f"{path} line {lineno}", json.loads(line)))
@@ -95,6 +96,11 @@ def load_chat_rows(source, split: str | None = None) -> list[dict]:
         if p.is_file() and p.suffix in (".jsonl", ".json") and _looks_like_json_lines(p): items = _read_jsonl(p)
         else: items = _load_with_datasets(str(source), split)
     return [normalize_chat_row(row, where) for where, row in items]  # validates every row before returning any
+
+# %% ../nbs/11_data.ipynb #a1c0ffef
+def read_jsonl(path) -> list[dict]:
+    "The objects of a JSON Lines file (gunzipped when the name ends in `.gz`); a bad line raises naming the file and line."
+    return [obj for _, obj in _read_jsonl(Path(path))]
 
 # %% ../nbs/11_data.ipynb #07a1b65f
 QWEN3_STYLE_CHAT_TEMPLATE = (

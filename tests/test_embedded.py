@@ -1,4 +1,4 @@
-"The shipped embedded default: CLI verify, loaders from outside the repo, damaged-copy detection."
+"The shipped embedded default: CLI verify and build, loaders from outside the repo, damaged-copy detection, a light import."
 import json
 import os
 import shutil
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from domino_research.embedded import (EMBEDDED_DIR, MANIFEST_NAME, SPLITS, embedded_dataset_path, read_jsonl,
+from domino_research.data import read_jsonl
+from domino_research.embedded import (EMBEDDED_DIR, MANIFEST_NAME, SPLITS, TARGET_DIR, embedded_dataset_path,
                                       verify_manifest)
 
 pytestmark = pytest.mark.skipif(not (EMBEDDED_DIR / MANIFEST_NAME).exists(), reason="embedded artifacts not built")
@@ -19,6 +20,43 @@ def test_cli_verify():
                          env=ENV, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "all match MANIFEST.json" in out.stdout
+
+
+def test_cli_verify_damaged_copy_is_one_error_line(tmp_path):
+    copy = tmp_path / "embedded"
+    shutil.copytree(EMBEDDED_DIR, copy)
+    (copy / "quality.json").write_text("{}\n")
+    out = subprocess.run([sys.executable, "-m", "domino_research.embedded", "verify", "--dir", str(copy)],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "quality.json" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_import_does_not_load_the_builder():
+    # ablations hashes files with sha256_file, the recipe resolves paths: neither should pay for the builder
+    code = ("import sys, domino_research.embedded\n"
+            "print(sorted(m for m in ('domino_research.embedded_build', 'domino_research.data', 'torch', 'transformers', "
+            "'tokenizers', 'datasets') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_cli_build_is_forwarded_to_the_builder(tmp_path):
+    cmd = [sys.executable, "-m", "domino_research.embedded", "build"]
+    out = subprocess.run(cmd + ["-h"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 0 and "--max_train_seconds" in out.stdout, out.stderr
+    out = subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--stages", "corpus,tokenizr"], capture_output=True,
+                         text=True, env=ENV, timeout=120)
+    assert out.returncode == 2 and "unknown stage(s) ['tokenizr']" in out.stderr, out.stderr
+    # the first two stages of the documented build reproduce the shipped corpus and tokenizer byte for byte
+    out = subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--stages", "corpus,tokenizer", "--threads", "1"],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for s in SPLITS:
+        assert read_jsonl(tmp_path / "b" / "corpus" / f"{s}.jsonl.gz") == read_jsonl(EMBEDDED_DIR / "corpus" / f"{s}.jsonl.gz")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "b" / TARGET_DIR / f).read_bytes() == (EMBEDDED_DIR / TARGET_DIR / f).read_bytes(), f
 
 
 def test_loaders_from_another_directory(tmp_path):
