@@ -175,13 +175,8 @@ def domino_rollout(draft, embed: nn.Embedding, z, base, anchor: int, dflash: DFl
     props = base[slots[:p]].argmax(-1).tolist()                          # d_1..d_p: uncorrected
     if p >= len(slots): return props
     with timer("rollout"):
-        E = embed.weight
-        h = draft.head_states(E[[anchor, *props]])[-1:]                  # [1, G]: has read anchor, d_1..d_p
-        for i in range(p + 1, len(slots) + 1):                           # proposal d_i, state has read d_1..d_{i-1}
-            d = corrected_argmax(draft, z[slots[i - 1]], h[0], base[slots[i - 1]], candidate_k)
-            props.append(d)
-            if i < len(slots): h = draft.head_step(E[d:d + 1], h)
-    return props
+        E, rest = embed.weight, slots[p:]                                # d_{p+1}..: corrected, one after another
+        return props + draft.head_rollout(z[rest], base[rest], E[[anchor, *props]], E, candidate_k)
 
 # %% ../nbs/30_decode.ipynb #4e5d6ef8
 def check_draft_fits(draft, target) -> DFlashConfig:

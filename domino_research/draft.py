@@ -271,3 +271,30 @@ def head_ce_inputs(self: DFlashDraftModel) -> dict:
     _require_head(self)
     proj_in, act, proj_out = self.embed_proj
     return dict(proj_in=proj_in.weight, proj_out=proj_out.weight, activation=act)
+
+# %% ../nbs/03_draft.ipynb #911553fd
+@patch
+def head_rollout(self: DFlashDraftModel,
+                 z: torch.Tensor,            # [n, H] backbone outputs of the slots to correct, in order
+                 base: torch.Tensor,         # [n, V] their base logits
+                 read: torch.Tensor,         # [m, H] embeddings the GRU reads first (m >= 1)
+                 embed_table: torch.Tensor,  # [V, H] embedding of a chosen id (the target's input embedding)
+                 candidate_k: int = 0,       # > 0: correct only the top-K base ids of each slot
+                ) -> list[int]:
+    "Greedy corrected ids of `n` slots; the GRU reads `read`, then each chosen id's embedding before the next slot."
+    _require_head(self)
+    w_in, act, w_out = self.embed_proj[0].weight, self.embed_proj[1], self.embed_proj[2].weight
+    w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
+    zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
+    w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
+    pool = 0 < candidate_k < base.shape[-1]
+    h, out = self.head_states(read)[-1:], []                                    # [1, G]
+    for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
+        u = act(torch.addmv(zk, w_s, h[0]))                                     # [E]
+        if pool:
+            top = bk.topk(candidate_k).indices                                  # [K]
+            d = int(top[torch.addmv(bk[top], w_out[top], u).argmax()])
+        else: d = int(torch.addmv(bk, w_out, u).argmax())
+        out.append(d)
+        if k + 1 < len(zin): h = torch.gru_cell(embed_table[d : d + 1].to(w_ih.dtype), h, w_ih, w_hh)
+    return out
