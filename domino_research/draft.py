@@ -133,6 +133,9 @@ class DFlashAttention(nn.Module):
             k, v = torch.cat([k_ctx, k[:, :, S:]], 2), torch.cat([v_ctx, v[:, :, S:]], 2)
         if isinstance(attention_mask, BlockMask):
             o = _flex(q, k, v, attention_mask, self.scaling)
+        elif attention_mask is None:  # decoding: no mask, so SDPA can share KV heads itself (no repeat_kv copies)
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attention_dropout if self.training else 0.0,
+                                               scale=self.scaling, enable_gqa=True)
         else:
             if attention_mask is not None and attention_mask.dtype != torch.bool: attention_mask = attention_mask.to(q.dtype)
             o = F.scaled_dot_product_attention(
@@ -288,7 +291,8 @@ def head_rollout(self: DFlashDraftModel,
     zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
     w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
     pool = 0 < candidate_k < base.shape[-1]
-    h, out = self.head_states(read)[-1:], []                                    # [1, G]
+    h, out = None, []
+    for e in read.split(1): h = self.head_step(e, h)                            # [1, G]; cells: cheaper than nn.GRU here
     for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
         u = act(torch.addmv(zk, w_s, h[0]))                                     # [E]
         if pool:
