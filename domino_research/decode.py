@@ -5,6 +5,7 @@
 # %% ../nbs/30_decode.ipynb #ad50f079
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -97,6 +98,19 @@ class StepTimer:
             if self.sync: torch.cuda.synchronize()
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+@contextmanager
+def _kv_heads_shared(device):
+    """On CPU, let the target's SDPA share its KV heads in the masked multi-token verify too (transformers' own switch)
+    instead of copying them with `repeat_kv` first: the same logits, less time. Elsewhere the switch would force SDPA's
+    slow math kernel, so it is left alone there (and whenever the user set it)."""
+    if device.type != "cpu" or _FORCE_GQA in os.environ:
+        yield; return
+    os.environ[_FORCE_GQA] = "1"
+    try: yield
+    finally: os.environ.pop(_FORCE_GQA, None)
+
 def _new_stats(block_size: int) -> dict:
     return dict(block_size=block_size, new_tokens=0, verify_steps=0, committed=0, accepted_at=[0] * (block_size - 1),
                 accept_hist=[0] * (block_size + 1), tau=float("nan"))
@@ -130,7 +144,8 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                 raise ValueError(f"propose returned {len(proposals)} proposals, expected block_size - 1 = {block_size - 1}")
             with timer("verify"):
                 block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
-                g = target(input_ids=block, cache=cache, use_cache=True).logits[0].argmax(-1).tolist()  # [bs]
+                with _kv_heads_shared(dev):
+                    g = target(input_ids=block, cache=cache, use_cache=True).logits[0].argmax(-1).tolist()  # [bs]
                 n = accept_length(proposals, g)
                 crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
                 ctx = cap.features()[:, : n + 1]                   # [1, n+1, L*H], positions start..start+n
