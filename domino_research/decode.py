@@ -5,6 +5,7 @@
 # %% ../nbs/30_decode.ipynb #ad50f079
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -97,6 +98,19 @@ class StepTimer:
             if self.sync: torch.cuda.synchronize()
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+@contextmanager
+def _kv_heads_shared(device):
+    """On CPU, let the target's SDPA share its KV heads in the masked multi-token verify too (transformers' own switch)
+    instead of copying them with `repeat_kv` first: the same logits, less time. Elsewhere the switch would force SDPA's
+    slow math kernel, so it is left alone there (and whenever the user set it)."""
+    if device.type != "cpu" or _FORCE_GQA in os.environ:
+        yield; return
+    os.environ[_FORCE_GQA] = "1"
+    try: yield
+    finally: os.environ.pop(_FORCE_GQA, None)
+
 def _new_stats(block_size: int) -> dict:
     return dict(block_size=block_size, new_tokens=0, verify_steps=0, committed=0, accepted_at=[0] * (block_size - 1),
                 accept_hist=[0] * (block_size + 1), tau=float("nan"))
@@ -130,7 +144,8 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                 raise ValueError(f"propose returned {len(proposals)} proposals, expected block_size - 1 = {block_size - 1}")
             with timer("verify"):
                 block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
-                g = target(input_ids=block, cache=cache, use_cache=True).logits[0].argmax(-1).tolist()  # [bs]
+                with _kv_heads_shared(dev):
+                    g = target(input_ids=block, cache=cache, use_cache=True).logits[0].argmax(-1).tolist()  # [bs]
                 n = accept_length(proposals, g)
                 crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
                 ctx = cap.features()[:, : n + 1]                   # [1, n+1, L*H], positions start..start+n
@@ -159,13 +174,12 @@ def draft_dflash_config(draft) -> DFlashConfig:
     return DFlashConfig.from_dict(raw)
 
 # %% ../nbs/30_decode.ipynb #b650b588
-def corrected_argmax(embed_proj: nn.Sequential, z, s, base, candidate_k: int = 0) -> int:
-    "argmax of `base + embed_proj([z ; s])` for one slot (z [H], s [G], base [V]); top-`candidate_k` base ids only if > 0."
-    u = embed_proj[1](embed_proj[0](torch.cat([z, s.to(z.dtype)], -1)))      # [E]
+def corrected_argmax(draft, z, s, base, candidate_k: int = 0) -> int:
+    "argmax of `base + draft.head_delta(z, s)` for one slot (z [H], s [G], base [V]); top-`candidate_k` base ids only if > 0."
     if candidate_k <= 0 or candidate_k >= base.shape[-1]:
-        return int((base + embed_proj[2](u)).argmax())
+        return int((base + draft.head_delta(z, s)).argmax())
     top = base.topk(candidate_k).indices                                         # [K]
-    return int(top[(base[top] + embed_proj[2].weight[top] @ u).argmax()])
+    return int(top[(base[top] + draft.head_delta(z, s, ids=top)).argmax()])
 
 # %% ../nbs/30_decode.ipynb #064a1409
 def domino_rollout(draft, embed: nn.Embedding, z, base, anchor: int, dflash: DFlashConfig, candidate_k: int = 0,
@@ -176,25 +190,8 @@ def domino_rollout(draft, embed: nn.Embedding, z, base, anchor: int, dflash: DFl
     props = base[slots[:p]].argmax(-1).tolist()                          # d_1..d_p: uncorrected
     if p >= len(slots): return props
     with timer("rollout"):
-        gru, proj_in, act, proj_out = draft.prefix_gru, draft.embed_proj[0].weight, draft.embed_proj[1], draft.embed_proj[2].weight
-        w_ih, w_hh = gru.weight_ih_l0, gru.weight_hh_l0                   # [3G, H], [3G, G]
-        H, dt, dev = z.shape[-1], w_ih.dtype, z.device
-        zin = z.to(proj_in.dtype) @ proj_in[:, :H].T                     # [bs, E]: the z part of every slot at once
-        w_s = proj_in[:, H:]                                             # [E, G]
-        use_pool = 0 < candidate_k < base.shape[-1]
-        h = torch.zeros(1, w_hh.shape[1], dtype=dt, device=dev)          # [1, G] zero initial state
-        for t in [anchor, *props]:                                       # read [anchor, d_1..d_p]
-            h = torch.gru_cell(embed.weight[t][None].to(dt), h, w_ih, w_hh)
-        for i in range(p + 1, len(slots) + 1):                           # proposal d_i, state has read d_1..d_{i-1}
-            k = slots[i - 1]
-            u = act(zin[k] + w_s @ h[0].to(w_s.dtype))                   # [E]
-            if use_pool:
-                top = base[k].topk(candidate_k).indices                  # [K]
-                d = int(top[(base[k][top] + proj_out[top] @ u.to(proj_out.dtype)).argmax()])
-            else: d = int((base[k] + proj_out @ u.to(proj_out.dtype)).argmax())
-            props.append(d)
-            if i < len(slots): h = torch.gru_cell(embed.weight[d][None].to(dt), h, w_ih, w_hh)
-    return props
+        E, rest = embed.weight, slots[p:]                                # d_{p+1}..: corrected, one after another
+        return props + draft.head_rollout(z[rest], base[rest], E[[anchor, *props]], E, candidate_k)
 
 # %% ../nbs/30_decode.ipynb #4e5d6ef8
 def check_draft_fits(draft, target) -> DFlashConfig:
@@ -211,8 +208,8 @@ def check_draft_fits(draft, target) -> DFlashConfig:
         raise ConfigError(f"draft fc takes {draft.fc.in_features} features but {len(ids)} target layers × hidden {H} = {len(ids) * H}")
     if not 0 <= d.mask_token_id < V:
         raise ConfigError(f"draft `mask_token_id` {d.mask_token_id} is not a row of the target's embedding (vocab {V})")
-    if d.is_domino and draft.embed_proj[2].out_features != V:
-        raise ConfigError(f"Domino head predicts {draft.embed_proj[2].out_features} ids but the target vocabulary is {V}")
+    if d.is_domino and (Vh := draft.head_ce_inputs()["proj_out"].shape[0]) != V:
+        raise ConfigError(f"Domino head predicts {Vh} ids but the target vocabulary is {V}")
     if getattr(draft.config, "vocab_size", V) != V:
         raise ConfigError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size {V}")
     return d

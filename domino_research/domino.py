@@ -18,7 +18,7 @@ from .loss import accept_len, chunked_dual_ce
 from .masks import dense_block_mask, flex_block_mask
 
 # %% auto #0
-__all__ = ['LOSS_EPS', 'slot_gru_states', 'domino_delta', 'DFlashTrainer', 'DominoTrainer']
+__all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'DominoTrainer']
 
 # %% ../nbs/04_domino.ipynb #56dcd904
 def slot_gru_states(draft: DFlashDraftModel,
@@ -31,16 +31,11 @@ def slot_gru_states(draft: DFlashDraftModel,
     "Teacher-forced GRU state per slot: it has read the ground-truth tokens from the anchor up to (excluding) the label."
     ids = gru_input_ids(input_ids, anchor_positions, block_size, shift_label)   # [B, N, L], L = bs or bs-1
     B, N, L = ids.shape
-    gru = draft.prefix_gru
     with torch.no_grad(): e = embed_tokens(ids)                                  # [B, N, L, H], frozen
-    out, _ = gru(e.to(gru.weight_ih_l0.dtype).reshape(B * N, L, -1))           # [B*N, L, G], zero initial state
+    out = draft.head_states(e)                                                  # [B, N, L, G], zero initial state
     if not shift_label:                                                         # slot k uses output k-1; slot 0: zeros
-        out = torch.cat([out.new_zeros(B * N, 1, out.shape[-1]), out], 1)       # [B*N, bs, G]
-    return out.reshape(B, N, block_size, -1)
-
-def domino_delta(draft: DFlashDraftModel, z: Tensor, gru_state: Tensor) -> Tensor:
-    "Low-rank logit correction `embed_proj([z ; s])`: `[..., H]`, `[..., G]` → `[..., V]`."
-    return draft.embed_proj(torch.cat([z, gru_state.to(z.dtype)], -1))
+        out = torch.cat([out.new_zeros(B, N, 1, out.shape[-1]), out], 2)        # [B, N, bs, G]
+    return out
 
 # %% ../nbs/04_domino.ipynb #4e08256a
 LOSS_EPS = 1e-6  # ε in L = Σ w·CE / (Σw + ε): a micro-batch with no weighted slot gives 0, not NaN
@@ -113,7 +108,7 @@ def _backbone(self: DFlashTrainer, input_ids, target_hidden, anchors, keep):
     return self.draft(target_hidden, noise, pos, attention_mask=mask).reshape(B, N, bs, -1)
 
 @patch
-def _head_inputs(self: DFlashTrainer, input_ids, anchors, z):
+def _head_states(self: DFlashTrainer, input_ids, anchors, z):
     "DFlash has no head: `(None, None)`."
     return None, None
 
@@ -130,18 +125,18 @@ def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_posit
     z = self._backbone(input_ids, target_hidden, anchors, keep)                              # [B, N, bs, H]
     labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label)  # [B, N, bs]
     w = loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)                          # [B, N, bs]
-    head_input, use_delta = self._head_inputs(input_ids, anchors, z)
-    proj = (self.draft.embed_proj[0].weight, self.draft.embed_proj[2].weight) if head_input is not None else (None, None)
-    ce = chunked_dual_ce(z, self.target_lm_head.weight.detach(), labels, w, head_input, *proj, use_delta,
-                         chunk_size=self.ce_chunk_size, lambda_base=lambda_base if head_input is not None else None)
+    s, use_delta = self._head_states(input_ids, anchors, z)
+    head = dict(head_input=self.draft.head_input(z, s), **self.draft.head_ce_inputs()) if s is not None else {}
+    ce = chunked_dual_ce(z, self.target_lm_head.weight.detach(), labels, w, use_delta=use_delta, **head,
+                         chunk_size=self.ce_chunk_size, lambda_base=lambda_base if head else None)
     wsum = w.sum()
     base_loss, final_loss = ce["base_ce_sum"] / (wsum + LOSS_EPS), ce["final_ce_sum"] / (wsum + LOSS_EPS)
     has_valid = valid.any(-1)                                                                # [B, N]
     base_correct, base_accept = _metric_sums(ce["base_pred"], labels, valid, has_valid)
-    out = dict(loss=(1.0 - lambda_base) * final_loss + lambda_base * base_loss if head_input is not None else base_loss,
+    out = dict(loss=(1.0 - lambda_base) * final_loss + lambda_base * base_loss if head else base_loss,
                base_loss=base_loss.detach(), weight_sum=wsum.detach(), valid_slots=valid.sum(),
                valid_blocks=has_valid.sum(), base_correct=base_correct, base_accept_sum=base_accept)
-    if head_input is not None:
+    if head:
         final_correct, final_accept = _metric_sums(ce["final_pred"], labels, valid, has_valid)
         out.update(final_loss=final_loss.detach(), final_correct=final_correct, final_accept_sum=final_accept,
                    lambda_base=torch.tensor(float(lambda_base), device=wsum.device))
@@ -159,9 +154,9 @@ def block_logits(self: DFlashTrainer, input_ids, target_hidden, anchor_positions
     anchors, keep = self._anchors(input_ids, None, anchor_positions, block_keep, None)
     z = self._backbone(input_ids, target_hidden, anchors, keep)
     base = z @ self.target_lm_head.weight.T                                                  # [B, N, bs, V]
-    head_input, use_delta = self._head_inputs(input_ids, anchors, z)
-    if head_input is None: return dict(base=base, final=base)
-    delta = self.draft.embed_proj(head_input)
+    s, use_delta = self._head_states(input_ids, anchors, z)
+    if s is None: return dict(base=base, final=base)
+    delta = self.draft.head_delta(z, s)
     return dict(base=base, final=torch.where(use_delta[..., None], base + delta, base))
 
 # %% ../nbs/04_domino.ipynb #1eed1e09
@@ -169,13 +164,12 @@ class DominoTrainer(DFlashTrainer):
     "Training step of a Domino draft: `loss = (1−λ)·L_final + λ·L_base` plus final/base metric sums."
     _needs_head = True
 
-    def _head_inputs(self, input_ids, anchors, z):
+    def _head_states(self, input_ids, anchors, z):
         dfl = self.draft.dflash
         s = slot_gru_states(self.draft, self.target_embed, input_ids, anchors, dfl.block_size, dfl.shift_label)
-        head_input = torch.cat([z, s.to(z.dtype)], -1)                                        # [B, N, bs, H+G]
         k = torch.arange(dfl.block_size, device=z.device)
         use_delta = (k >= dfl.suffix_start).expand(z.shape[:-1])                              # [B, N, bs]
-        return head_input, use_delta
+        return s, use_delta                                                                   # [B, N, bs, G]
 
     def forward(self, input_ids, loss_mask, target_hidden, anchor_positions=None, block_keep=None, generator=None,
                 lambda_base: float = 1.0) -> dict:

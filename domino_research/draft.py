@@ -9,6 +9,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from fastcore.basics import patch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import PreTrainedModel, Qwen3Config
@@ -20,7 +21,8 @@ from transformers.models.qwen3.modeling_qwen3 import (Qwen3MLP, Qwen3RMSNorm, Qw
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['draft_qwen3_config', 'DFlashRotaryEmbedding', 'DFlashAttention', 'DFlashDecoderLayer', 'DFlashDraftModel']
+__all__ = ['draft_qwen3_config', 'DFlashRotaryEmbedding', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation',
+           'DFlashDraftModel']
 
 # %% ../nbs/03_draft.ipynb #69e66497
 def _rope_parameters(cfg) -> dict:
@@ -131,6 +133,9 @@ class DFlashAttention(nn.Module):
             k, v = torch.cat([k_ctx, k[:, :, S:]], 2), torch.cat([v_ctx, v[:, :, S:]], 2)
         if isinstance(attention_mask, BlockMask):
             o = _flex(q, k, v, attention_mask, self.scaling)
+        elif attention_mask is None:  # decoding: no mask, so SDPA can share KV heads itself (no repeat_kv copies)
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attention_dropout if self.training else 0.0,
+                                               scale=self.scaling, enable_gqa=True)
         else:
             if attention_mask is not None and attention_mask.dtype != torch.bool: attention_mask = attention_mask.to(q.dtype)
             o = F.scaled_dot_product_attention(
@@ -163,6 +168,15 @@ def _check_mask(mask, B, Q, K):
         raise ValueError(f"attention_mask has {got}, expected [B={B}, 1, Q={Q}, K={K}] with K = cached + context + block "
                          "keys; when decoding with a cache pass attention_mask=None.")
 
+# %% ../nbs/03_draft.ipynb #5e76ac98
+class HeadActivation(nn.SiLU):
+    "The Domino head's nonlinearity (`embed_proj.1`) and its derivative, for losses that backpropagate by hand."
+    @staticmethod
+    def grad(a: torch.Tensor) -> torch.Tensor:
+        "d silu(a) / da = σ(a)·(1 + a·(1 − σ(a)))."
+        sig = torch.sigmoid(a)
+        return sig * (1 + a * (1 - sig))
+
 # %% ../nbs/03_draft.ipynb #2be5947f
 class DFlashDraftModel(PreTrainedModel):
     "DFlash draft backbone (+ Domino head parameters) on the target's captured features; on-disk names of SPEC §10."
@@ -188,7 +202,7 @@ class DFlashDraftModel(PreTrainedModel):
         if dflash.is_domino:
             G, E = dflash.gru_hidden_dim, dflash.emb_dim
             self.prefix_gru = nn.GRU(H, G, num_layers=1, batch_first=True, bias=False)
-            self.embed_proj = nn.Sequential(nn.Linear(H + G, E, bias=False), nn.SiLU(), nn.Linear(E, config.vocab_size, bias=False))
+            self.embed_proj = nn.Sequential(nn.Linear(H + G, E, bias=False), HeadActivation(), nn.Linear(E, config.vocab_size, bias=False))
         self.post_init()
 
     @property
@@ -217,3 +231,74 @@ class DFlashDraftModel(PreTrainedModel):
             h = layer(h, context, position_embeddings=position_embeddings, attention_mask=attention_mask,
                       cache=past_key_values)
         return self.norm(h)                                                             # [B, Q, H]
+
+# %% ../nbs/03_draft.ipynb #3f02a7b7
+def _require_head(draft):
+    if not hasattr(draft, "embed_proj"):
+        raise ConfigError("this draft has no Domino head (dflash_config.projector_type is not 'domino'): build it with "
+                          "projector_type='domino' to use the head.")
+
+@patch
+def head_states(self: DFlashDraftModel, embeds: torch.Tensor) -> torch.Tensor:
+    "GRU states `[..., L, G]` after reading each prefix of `embeds [..., L, H]` from a zero state (teacher forcing)."
+    _require_head(self)
+    gru = self.prefix_gru
+    lead = embeds.shape[:-2]
+    out, _ = gru(embeds.to(gru.weight_ih_l0.dtype).reshape(-1, *embeds.shape[-2:]))
+    return out.reshape(*lead, *out.shape[-2:])
+
+@patch
+def head_step(self: DFlashDraftModel, embed: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+    "One GRU step: the state `[N, G]` after reading `embed [N, H]` from state `h [N, G]` (None: zero state)."
+    _require_head(self)
+    w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0     # nn.GRU's gate order r, z, n
+    if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=w_hh.dtype)
+    return torch.gru_cell(embed.to(w_ih.dtype), h, w_ih, w_hh)
+
+@patch
+def head_input(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    "The head's input `[z ; s]` `[..., H+G]` (the layout `embed_proj.0.weight` was trained on)."
+    return torch.cat([z, s.to(z.dtype)], -1)
+
+@patch
+def head_delta(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    "Logit correction `[..., V]` (or `[..., K]` for vocabulary `ids [K]`) of backbone outputs `z` and GRU states `s`."
+    _require_head(self)
+    proj_in, act, proj_out = self.embed_proj
+    u = act(proj_in(self.head_input(z, s)))                                   # [..., E]
+    return proj_out(u) if ids is None else F.linear(u, proj_out.weight[ids])
+
+@patch
+def head_ce_inputs(self: DFlashDraftModel) -> dict:
+    "What the fused cross-entropy needs besides `head_input`: `proj_in [E, H+G]`, `proj_out [V, E]`, the activation."
+    _require_head(self)
+    proj_in, act, proj_out = self.embed_proj
+    return dict(proj_in=proj_in.weight, proj_out=proj_out.weight, activation=act)
+
+# %% ../nbs/03_draft.ipynb #911553fd
+@patch
+def head_rollout(self: DFlashDraftModel,
+                 z: torch.Tensor,            # [n, H] backbone outputs of the slots to correct, in order
+                 base: torch.Tensor,         # [n, V] their base logits
+                 read: torch.Tensor,         # [m, H] embeddings the GRU reads first (m >= 1)
+                 embed_table: torch.Tensor,  # [V, H] embedding of a chosen id (the target's input embedding)
+                 candidate_k: int = 0,       # > 0: correct only the top-K base ids of each slot
+                ) -> list[int]:
+    "Greedy corrected ids of `n` slots; the GRU reads `read`, then each chosen id's embedding before the next slot."
+    _require_head(self)
+    w_in, act, w_out = self.embed_proj[0].weight, self.embed_proj[1], self.embed_proj[2].weight
+    w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
+    zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
+    w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
+    pool = 0 < candidate_k < base.shape[-1]
+    h, out = None, []
+    for e in read.split(1): h = self.head_step(e, h)                            # [1, G]; cells: cheaper than nn.GRU here
+    for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
+        u = act(torch.addmv(zk, w_s, h[0]))                                     # [E]
+        if pool:
+            top = bk.topk(candidate_k).indices                                  # [K]
+            d = int(top[torch.addmv(bk[top], w_out[top], u).argmax()])
+        else: d = int(torch.addmv(bk, w_out, u).argmax())
+        out.append(d)
+        if k + 1 < len(zin): h = torch.gru_cell(embed_table[d : d + 1].to(w_ih.dtype), h, w_ih, w_hh)
+    return out

@@ -80,12 +80,15 @@ def _sum_stats(stats: list[dict]) -> dict:
                 per_slot_acceptance=[a / max(steps, 1) for a in acc],
                 accept_hist=[sum(s["accept_hist"][i] for s in stats) for i in range(bs + 1)])
 
-def _profile(timers: list[StepTimer], total: float) -> dict:
+def _profile(timers: list[StepTimer], total: float, verify_steps: int, greedy_s: float, greedy_tokens: int) -> dict:
+    "Seconds per section, as fractions, and per verify step next to one plain greedy step (ms)."
     secs = {}
     for t in timers:
         for k, v in t.seconds.items(): secs[k] = secs.get(k, 0.0) + v
     secs["other"] = max(total - sum(secs.values()), 0.0)
-    return dict(seconds=secs, fraction={k: v / total for k, v in secs.items()} if total else {})
+    return dict(seconds=secs, fraction={k: v / total for k, v in secs.items()} if total else {},
+                ms_per_verify_step={k: 1e3 * v / verify_steps for k, v in secs.items()} if verify_steps else {},
+                greedy_ms_per_token=1e3 * greedy_s / max(greedy_tokens, 1))
 
 @torch.no_grad()
 def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
@@ -131,9 +134,9 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                accept_hist_base=base["accept_hist"],
                verify_steps=spec["verify_steps"],
                spec_tokens_per_s=n_tokens / secs["spec"], target_tokens_per_s=n_tokens / secs["greedy"],
-               speedup=secs["greedy"] / secs["spec"], seconds=secs,
+               speedup=secs["greedy"] / secs["spec"], efficiency=secs["greedy"] / secs["spec"] / spec["tau"], seconds=secs,
                tau_candidate={k: _sum_stats(stats[f"k{k}"])["tau"] for k in candidate_ks if f"k{k}" in stats},
-               profile=_profile(timers, secs["spec"]), per_prompt=per_prompt,
+               profile=_profile(timers, secs["spec"], spec["verify_steps"], secs["greedy"], n_tokens), per_prompt=per_prompt,
                device=str(dev), dtype=str(next(draft.parameters()).dtype).replace("torch.", ""),
                torch_threads=torch.get_num_threads())
     if d.is_domino: res["base_tokens_per_s"] = n_tokens / secs["base"]
@@ -191,5 +194,5 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
     else:
         print(f"{res['n_prompts']} prompts, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}) "
               f"of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy {res['target_tokens_per_s']:.1f} "
-              f"tok/s = {res['speedup']:.2f}x, lossless {res['lossless']}")
+              f"tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} (speed-up / tau), lossless {res['lossless']}")
     return res

@@ -9,7 +9,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from .draft import HeadActivation
 
 # %% auto #0
 __all__ = ['naive_dual_ce', 'chunked_dual_ce', 'accept_len', 'lambda_base_schedule', 'WindowSums']
@@ -54,6 +56,7 @@ def naive_dual_ce(hidden: Tensor,            # [T, H] backbone output z
                   use_delta: Tensor | None = None,   # [T] Bool: slot gets the correction (None: all, if a head is given)
                   chunk_size: int = 256,             # unused; same signature as chunked_dual_ce
                   *, lambda_base: float | None = None,  # unused; same signature as chunked_dual_ce
+                  activation: nn.Module | None = None,  # the head's act (None: HeadActivation)
                  ) -> dict:
     "Reference dual CE with full `[T, V]` logits: `dict(base_ce_sum, final_ce_sum, base_pred, final_pred)`."
     lead, hidden, labels, weights, head_input, use_delta = _flatten_dual_ce_args(hidden, labels, weights, head_input, use_delta)
@@ -62,7 +65,8 @@ def naive_dual_ce(hidden: Tensor,            # [T, H] backbone output z
     base = (hidden @ lm_head_weight.T).to(acc)                                 # [T, V]
     final = base
     if head_input is not None:
-        delta = (F.silu(head_input @ proj_in.T) @ proj_out.T).to(acc)          # [T, V]
+        act = HeadActivation() if activation is None else activation
+        delta = (act(head_input @ proj_in.T) @ proj_out.T).to(acc)             # [T, V]
         on = torch.ones_like(labels, dtype=torch.bool) if use_delta is None else use_delta.bool()
         final = torch.where(on[:, None], base + delta, base)                   # [T, V]
     w = weights.to(acc)
@@ -86,10 +90,6 @@ def _ce_grad_(z: Tensor, y: Tensor, w: Tensor, scale: float | None) -> tuple[Ten
     z.scatter_add_(1, y[:, None], -cw)                                 # - scale·w·onehot(y)
     return (w * ce).sum(), pred[:, 0]
 
-def _silu_grad(a: Tensor) -> Tensor:
-    sig = torch.sigmoid(a)
-    return sig * (1 + a * (1 - sig))
-
 # %% ../nbs/05_loss.ipynb #fb578a92
 def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
     """One pass over chunks of slots. `mixes`: list of (cb, cf); for each, the gradients of `cb·S_base + cf·S_final`
@@ -104,7 +104,7 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
         # matmuls run on a leading slice, then put the per-row results back in the caller's order.
         perm = torch.argsort((~has_w).to(torch.int8), stable=True)    # [T]
         pr = lambda t: None if t is None else t.index_select(0, perm)
-        head_p = None if head is None else (pr(head[0]), head[1], head[2])
+        head_p = None if head is None else (pr(head[0]), *head[1:])
         bs_, fs_, bp, fp, grads = _dual_ce_pass_(pr(hidden), weight, pr(labels), pr(weights), head_p, pr(use_delta),
                                                  chunk_size, mixes, need, n_w)
         unp = lambda t: torch.empty_like(t).index_copy_(0, perm, t)   # out[perm[i]] = t[i]
@@ -124,10 +124,10 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
     base_pred = torch.empty(T, dtype=torch.long, device=dev)
     final_pred = torch.empty(T, dtype=torch.long, device=dev)
     if head is not None:
-        head_input, proj_in, proj_out = head
+        head_input, proj_in, proj_out, act = head
         a = head_input @ proj_in.T                                     # [T, E]
         on = (torch.ones(T, dtype=torch.bool, device=dev) if use_delta is None else use_delta.bool())[:, None]
-        u = F.silu(a) * on                                             # [T, E]; rows without the correction -> delta == 0
+        u = act(a) * on                                                # [T, E]; rows without the correction -> delta == 0
         po_acc, u_acc = proj_out.to(acc), u.to(acc)                     # [V, E], [T, E]
     grads = []
     for cb, cf in mixes:
@@ -185,7 +185,7 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
     if head is None: final_sum, final_pred = base_sum.clone(), base_pred.clone()
     for g in grads:
         if "u" in g:
-            ga = g.pop("u") * on * _silu_grad(a.to(acc))              # [T, E]
+            ga = g.pop("u") * on * act.grad(a.to(acc))                # [T, E]
             g["head_input"] = (ga @ proj_in.to(acc)).to(head_input.dtype)   # [T, H+G]
             g["proj_in"] = (ga.T @ head_input.to(acc)).to(proj_in.dtype)    # [E, H+G]
             g["proj_out"] = g["proj_out"].to(proj_out.dtype)
@@ -197,7 +197,8 @@ _INPUTS = ("hidden", "weight", "labels", "weights", "head_input", "proj_in", "pr
 
 class _ChunkedDualCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta, chunk_size, lambda_base, grad_on):
+    def forward(ctx, hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta, chunk_size, lambda_base, grad_on,
+                activation):
         nig = ctx.needs_input_grad
         has_head = head_input is not None
         need = dict(hidden=grad_on and nig[0], weight=grad_on and nig[1], head=grad_on and has_head and any(nig[4:7]))
@@ -205,10 +206,11 @@ class _ChunkedDualCE(torch.autograd.Function):
         elif not has_head: mixes = [(1.0, 0.0)]                            # final == base: one gradient serves any mix
         elif lambda_base is not None: mixes = [(float(lambda_base), 1.0 - float(lambda_base))]
         else: mixes = [(1.0, 0.0), (0.0, 1.0)]
-        head = (head_input, proj_in, proj_out) if has_head else None
+        head = (head_input, proj_in, proj_out, activation) if has_head else None
         bs_, fs_, bp, fp, grads = _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need)
         ctx.save_for_backward(hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta)
         ctx.mixes, ctx.grads, ctx.need, ctx.chunk_size, ctx.has_head = mixes, grads, need, chunk_size, has_head
+        ctx.activation = activation
         ctx.mark_non_differentiable(bp, fp)
         return bs_, fs_, bp, fp
 
@@ -216,7 +218,7 @@ class _ChunkedDualCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, go_b, go_f, _bp, _fp):
         mixes, grads = ctx.mixes, ctx.grads
-        if not mixes: return (None,) * 11
+        if not mixes: return (None,) * 12
         if not ctx.has_head: coefs = [go_b + go_f]
         elif len(mixes) == 2: coefs = [go_b, go_f]
         else:
@@ -225,7 +227,7 @@ class _ChunkedDualCE(torch.autograd.Function):
             if abs(float(go_b - cb * s)) <= tol and abs(float(go_f - cf * s)) <= tol: coefs = [s]
             else:                                                           # not the declared mix: recompute exactly
                 hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta = ctx.saved_tensors
-                *_, grads = _dual_ce_pass(hidden, weight, labels, weights, (head_input, proj_in, proj_out), use_delta,
+                *_, grads = _dual_ce_pass(hidden, weight, labels, weights, (head_input, proj_in, proj_out, ctx.activation), use_delta,
                                           ctx.chunk_size, [(float(go_b), float(go_f))], ctx.need)
                 coefs = [torch.ones_like(go_b)]
         inputs = dict(zip(_INPUTS, ctx.saved_tensors))
@@ -237,7 +239,7 @@ class _ChunkedDualCE(torch.autograd.Function):
         need = ctx.need
         return (combine("hidden", need["hidden"]), combine("weight", need["weight"]), None, None,
                 *(combine(k, need["head"] and ctx.needs_input_grad[i]) for i, k in ((4, "head_input"), (5, "proj_in"), (6, "proj_out"))),
-                None, None, None, None)
+                None, None, None, None, None)
 
 # %% ../nbs/05_loss.ipynb #25d5b5c6
 def _autocast_inputs(hidden, *rest):
@@ -264,6 +266,7 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
                     use_delta: Tensor | None = None,   # [T] Bool: slot gets the correction (None: all, if a head is given)
                     chunk_size: int = 256,             # slots per chunk: peak extra memory ~ 2·chunk_size·V fp32
                     *, lambda_base: float | None = None,  # the λ the loss will use: halves the backward work (see above)
+                    activation: nn.Module | None = None,  # the head's act with its `.grad` (None: HeadActivation)
                    ) -> dict:
     "Dual CE without `[T, V]` logits: `dict(base_ce_sum, final_ce_sum, base_pred, final_pred)`, equal to `naive_dual_ce`."
     lead, hidden, labels, weights, head_input, use_delta = _flatten_dual_ce_args(hidden, labels, weights, head_input, use_delta)
@@ -275,7 +278,8 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
     hidden, labels, weights = hidden.contiguous(), labels.contiguous(), weights.contiguous()
     if head_input is not None: head_input = head_input.contiguous()
     bs_, fs_, bp, fp = _ChunkedDualCE.apply(hidden, lm_head_weight, labels, weights, head_input, proj_in, proj_out,
-                                            use_delta, chunk_size, lambda_base, torch.is_grad_enabled())
+                                            use_delta, chunk_size, lambda_base, torch.is_grad_enabled(),
+                                            HeadActivation() if activation is None else activation)
     return dict(base_ce_sum=bs_, final_ce_sum=fs_, base_pred=bp.reshape(lead), final_pred=fp.reshape(lead))
 
 # %% ../nbs/05_loss.ipynb #d3d411df

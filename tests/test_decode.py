@@ -52,9 +52,11 @@ def test_bench_decode_json(toy):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for k in ("tau", "tau_base", "per_slot_acceptance", "spec_tokens_per_s", "target_tokens_per_s", "speedup", "lossless",
-              "n_prompts", "profile", "tau_candidate"):
+              "n_prompts", "profile", "tau_candidate", "efficiency"):
         assert k in res, k
     assert res["lossless"] is True and res["n_prompts"] == 3 and len(res["per_slot_acceptance"]) == 3
+    assert abs(res["efficiency"] - res["speedup"] / res["tau"]) < 1e-9                      # share of tau that reaches the clock
+    assert set(res["profile"]["ms_per_verify_step"]) >= {"verify", "draft", "rollout", "other"}
     assert 1 <= res["tau"] <= 4 and "per_prompt" not in res
 
 
@@ -67,6 +69,14 @@ def test_bench_decode_run_dir(toy, tmp_path):
                "--n_prompts", 1, "--max_new_tokens", 4, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is True
+
+
+def test_bench_decode_prints_efficiency(toy):
+    "The human-readable line carries the efficiency (speed-up / tau) too."
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
+               "--n_prompts", 1, "--max_new_tokens", 6)
+    assert r.returncode == 0, r.stderr
+    assert "efficiency" in r.stdout and "(speed-up / tau)" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("case,expect", [
