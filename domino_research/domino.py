@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import Tensor, nn
 
 from .blocks import (NoValidAnchorsError, block_labels, block_position_ids, gru_input_ids,
                                     loss_weights, noise_block_ids, sample_anchors)
-from .config import ConfigError, DFlashConfig
-from .draft import DFlashDraftModel, draft_qwen3_config
+from .config import ConfigError
+from .draft import DFlashDraftModel
 from .loss import accept_len, chunked_dual_ce
 from .masks import dense_block_mask, flex_block_mask
 

@@ -9,8 +9,6 @@ import json
 import re
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import ConfigError

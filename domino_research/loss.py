@@ -130,7 +130,7 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
         u = act(a) * on                                                # [T, E]; rows without the correction -> delta == 0
         po_acc, u_acc = proj_out.to(acc), u.to(acc)                     # [V, E], [T, E]
     grads = []
-    for cb, cf in mixes:
+    for _cb, cf in mixes:
         g = {}
         if need["hidden"]: g["hidden"] = torch.empty_like(hidden)
         if need["weight"]: g["weight"] = torch.zeros(V, H, dtype=acc, device=dev)
