@@ -189,7 +189,7 @@ def main(argv=None):
     a = _parser().parse_args(argv)
     try: a.func(a)
     except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
-        print(f"error: {e}", file=sys.stderr); sys.exit(2)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/07_bench.ipynb #d3c0de02
 def _add_decode_parser(sub):
@@ -210,7 +210,7 @@ def _cmd_decode(a):
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
-        print(f"error: bench decode: {e}", file=sys.stderr); sys.exit(2)
+        print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/07_bench.ipynb #cf32aa99
 #| eval: false

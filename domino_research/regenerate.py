@@ -262,4 +262,4 @@ def main(argv=None) -> dict:
 if __name__ == "__main__":
     try: main()
     except (ValueError, OSError) as e:   # bad data, target, settings or --out (ChatDataError, ConfigError, missing files)
-        print(f"regenerate: error: {e}", file=sys.stderr); sys.exit(2)
+        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote
