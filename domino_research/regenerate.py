@@ -185,6 +185,13 @@ def _check_settings(max_new_tokens, temperature, batch_size):
     if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if batch_size < 1 or max_new_tokens < 1: raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
 
+def _read_meta(mpath: Path) -> dict | None:
+    if not mpath.is_file(): return None
+    try: return json.loads(mpath.read_text())
+    except ValueError:
+        raise ChatDataError(f"{mpath}: not valid JSON, so the rows next to it cannot be checked; delete it to resume "
+                            "unchecked, or use a new --out") from None
+
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
                enable_thinking: bool = False, seed: int = 0, progress: bool = True) -> dict:
     "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the target's answer; append JSONL to `out_path`, resumably. Returns stats."
@@ -194,7 +201,7 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     meta = run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed)
-    old = json.loads(mpath.read_text()) if mpath.is_file() else None
+    old = _read_meta(mpath)
     has_rows = out_path.is_file() and out_path.stat().st_size > 0
     if has_rows and old is not None and (diffs := identity_diff(old, meta)):
         raise ChatDataError(f"{out_path}: its rows were generated with other settings ({'; '.join(diffs)}); use a new --out, "
@@ -243,8 +250,7 @@ def _parse_args(argv=None):
 
 def main(argv=None) -> dict:
     from transformers import AutoTokenizer
-    from domino_research.target import load_target
-    from domino_research.target import check_target_path
+    from domino_research.target import check_target_path, load_target
     a = _parse_args(argv)
     _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
     if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")
