@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from .config import dumps_strict
 from .loss import chunked_dual_ce, naive_dual_ce
 
 # %% auto #0
@@ -51,10 +52,16 @@ def _cpu_s() -> float:
 def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # Linux: KiB
 
+def _check_sizes(**sizes):
+    "Every size must be an int >= 1 (a 0 or negative size would fail deep inside torch, or be silently replaced)."
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"bench loss: {k} must be an integer >= 1, got {v!r}")
+
 def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: str = "float32", device: str = "cpu",
                  chunk_size: int = 256, lambda_base: float = 0.5, repeats: int = 1, seed: int = 0) -> dict:
     "Peak extra memory (MB) and forward+backward seconds of one dual-CE variant, measured in this process."
     if variant not in VARIANTS: raise ValueError(f"bench loss: unknown variant '{variant}', expected one of {VARIANTS}")
+    _check_sizes(T=T, V=V, H=H, E=E, G=G, chunk_size=chunk_size, repeats=repeats)
     dt = getattr(torch, dtype)
     cuda = torch.device(device).type == "cuda"
     x = make_loss_inputs(T, V, H, E, G, dt, device, seed)
@@ -91,10 +98,12 @@ def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb:
                dtype: str = "float32", device: str = "cpu", chunk_size: int = 256, lambda_base: float = 0.5,
                repeats: int = 1, variants: str = "naive,chunked") -> dict:
     "Naive vs chunked dual CE, forward + backward, each in a fresh subprocess: peak memory, time and their ratios."
+    _check_sizes(tokens=tokens, vocab=vocab, hidden=hidden, emb=emb, gru=gru, chunk_size=chunk_size, repeats=repeats)
+    if not 0.0 <= lambda_base <= 1.0: raise ValueError(f"bench loss: lambda_base must be in [0, 1], got {lambda_base}")
     names = [v.strip() for v in variants.split(",") if v.strip()]
     bad = [v for v in names if v not in VARIANTS]
     if bad or "naive" not in names or "chunked" not in names:
-        raise ValueError(f"bench loss: --variants must include naive and chunked, from {VARIANTS}; got {names}")
+        raise ValueError(f"bench loss: --variants must name naive and chunked (and optionally chunked_nohint), comma-separated; got {variants!r}")
     shape = dict(T=tokens, V=vocab, H=hidden, E=emb, G=gru)
     kw = dict(shape, dtype=dtype, device=device, chunk_size=chunk_size, lambda_base=lambda_base, repeats=repeats)
     res = {v: _run_variant_subprocess(v, **kw) for v in names}
@@ -109,38 +118,68 @@ def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb:
     return out
 
 # %% ../nbs/07_bench.ipynb #6c6efd13
+class _Parser(argparse.ArgumentParser):
+    "argparse with one-line usage errors (subcommand parsers inherit the class)."
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr); sys.exit(2)
+
+def _int_at_least(lo: int):
+    "An argparse `type`: an integer >= `lo`."
+    def parse(s):
+        try: v = int(s)
+        except ValueError: raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        if v < lo: raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
+
+def _fraction(s):
+    try: v = float(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}") from None
+    if not 0.0 <= v <= 1.0: raise argparse.ArgumentTypeError(f"must be in [0, 1], got {s}")
+    return v
+
+def _variant_list(s):
+    names = [v.strip() for v in s.split(",") if v.strip()]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad: raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+    if "naive" not in names or "chunked" not in names: raise argparse.ArgumentTypeError(f"must include naive and chunked, got {s!r}")
+    return s
+
+_pos = _int_at_least(1)
+
 def _add_loss_parser(sub):
     p = sub.add_parser("loss", help="memory and time of naive vs chunked dual CE (forward + backward)")
-    p.add_argument("--tokens", type=int, default=2048, help="slots T = N·bs (default 2048: 128 blocks of 16)")
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--emb", type=int, default=256)
-    p.add_argument("--gru", type=int, default=1024)
+    p.add_argument("--tokens", type=_pos, default=2048, help="slots T = N·bs (default 2048: 128 blocks of 16)")
+    p.add_argument("--vocab", type=_pos, default=151936)
+    p.add_argument("--hidden", type=_pos, default=4096)
+    p.add_argument("--emb", type=_pos, default=256)
+    p.add_argument("--gru", type=_pos, default=1024)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--chunk_size", type=int, default=256)
-    p.add_argument("--lambda_base", type=float, default=0.5)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--variants", default="naive,chunked", help=f"comma list from {VARIANTS}; must include naive and chunked")
+    p.add_argument("--chunk_size", type=_pos, default=256)
+    p.add_argument("--lambda_base", type=_fraction, default=0.5)
+    p.add_argument("--repeats", type=_pos, default=1)
+    p.add_argument("--variants", type=_variant_list, default="naive,chunked", help=f"comma list from {VARIANTS}; must include naive and chunked")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_loss)
     q = sub.add_parser("_loss_variant")                                   # internal: what bench_loss runs in each subprocess
     q.add_argument("--variant", required=True, choices=VARIANTS)
-    for k in ("T", "V", "H", "E", "G", "chunk_size", "repeats"): q.add_argument(f"--{k}", type=int, required=k in "TVHEG")
+    for k in ("T", "V", "H", "E", "G"): q.add_argument(f"--{k}", type=int, required=True)
+    q.add_argument("--chunk_size", type=int, default=256); q.add_argument("--repeats", type=int, default=1)
     q.add_argument("--dtype", default="float32"); q.add_argument("--device", default="cpu")
     q.add_argument("--lambda_base", type=float, default=0.5)
     q.set_defaults(func=lambda a: print(json.dumps(loss_variant(a.variant, a.T, a.V, a.H, a.E, a.G, a.dtype, a.device,
-                                                                 a.chunk_size or 256, a.lambda_base, a.repeats or 1))))
+                                                                 a.chunk_size, a.lambda_base, a.repeats))))
 
 def _cmd_loss(a):
     r = bench_loss(a.tokens, a.vocab, a.hidden, a.emb, a.gru, a.dtype, a.device, a.chunk_size, a.lambda_base, a.repeats, a.variants)
-    if a.json: print(json.dumps(r)); return
+    if a.json: print(dumps_strict(r)); return
     print(f"shape {r['shape']}")
     for k in ("naive_peak_mb", "efficient_peak_mb", "memory_ratio", "naive_s", "efficient_s", "time_ratio", "cpu_time_ratio", "loss_abs_diff"):
         print(f"{k:>18}: {r[k]}")
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_research.bench", description="domino_research benchmarks")
+    p = _Parser(prog="python -m domino_research.bench", description="domino_research benchmarks")
     sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # issue 5: the "Decoding" cell below
@@ -148,7 +187,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     a = _parser().parse_args(argv)
-    a.func(a)
+    try: a.func(a)
+    except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/07_bench.ipynb #d3c0de02
 def _add_decode_parser(sub):
@@ -156,10 +197,10 @@ def _add_decode_parser(sub):
     p.add_argument("--draft", required=True, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir")
     p.add_argument("--target", default=None, help="target model folder (default: the embedded target)")
     p.add_argument("--prompts", default=None, help="JSONL of chats or {\"prompt\": ...} rows (default: the embedded test split)")
-    p.add_argument("--n_prompts", type=int, default=50)
-    p.add_argument("--max_new_tokens", type=int, default=128)
-    p.add_argument("--candidate_k", type=int, action="append", default=[], help="also decode with a top-K candidate pool (repeatable)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--n_prompts", type=_pos, default=50)
+    p.add_argument("--max_new_tokens", type=_pos, default=128)
+    p.add_argument("--candidate_k", type=_pos, action="append", default=[], help="also decode with a top-K candidate pool (repeatable)")
+    p.add_argument("--threads", type=_pos, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_decode)
@@ -168,8 +209,8 @@ def _cmd_decode(a):
     from .evaluation import decode_bench
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
-    except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line, exit 1
-        sys.exit(f"bench decode: {e}")
+    except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
+        print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/07_bench.ipynb #cf32aa99
 #| eval: false

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -14,7 +16,8 @@ from typing import Any, Literal, Optional, Union
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['ConfigError', 'config_from_dict', 'default_target_layer_ids', 'DFlashConfig']
+__all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'default_target_layer_ids', 'DFlashConfig', 'check_params',
+           'looks_local', 'finite_or_none', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -204,3 +207,40 @@ def to_dict(self: DFlashConfig) -> dict:
 def from_dict(cls: DFlashConfig, d: dict, where: str = "dflash_config") -> DFlashConfig:
     "Build from a dict (e.g. `config.json['dflash_config']`): unknown/missing/mistyped keys raise `ConfigError`."
     return config_from_dict(cls, d, where)
+
+# %% ../nbs/00_config.ipynb #99d98b5e
+def check_params(ns: dict, where: str = "papermill", **types_) -> dict:
+    "Check the parameters in `ns` (a notebook's `globals()`) against the annotations of its parameters cell (or `types_`); stores and returns the checked values."
+    hints = {**ns.get("__annotations__", {}), **types_}
+    out = {}
+    for key, tp in hints.items():
+        if key not in ns: continue
+        value = ns[key]
+        if isinstance(tp, str): tp = eval(tp, dict(ns))              # a notebook with `from __future__ import annotations`
+        if value is None and tp is str: out[key] = None; continue   # `x: str = None`: not given
+        try: out[key] = _coerce(value, tp, key, where)
+        except _Mismatch:
+            raise ConfigError(f"{where}: parameter {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__}); "
+                              f"pass a value of that type, e.g. -p {key} <{_type_name(tp)}>") from None
+    ns.update(out)
+    return out
+
+# %% ../nbs/00_config.ipynb #5cf342ed
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".gz")
+
+def looks_local(name) -> bool:
+    "True if `name` can only be a local path, not a hub id (`name` or `owner/name`)."
+    s = str(name)
+    return s.startswith((".", "~", "/")) or "\\" in s or s.count("/") > 1 or s.lower().endswith(DATA_SUFFIXES)
+
+# %% ../nbs/00_config.ipynb #54d97c19
+def finite_or_none(obj):
+    "`obj` with every NaN / ±inf float, at any depth of dicts, lists and tuples, replaced by None."
+    if isinstance(obj, float): return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict): return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
+    return obj
+
+def dumps_strict(obj, **kw) -> str:
+    "`json.dumps` that never writes NaN or Infinity: undefined numbers become null."
+    return json.dumps(finite_or_none(obj), allow_nan=False, **kw)

@@ -15,6 +15,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .config import looks_local
+
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
            'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask',
@@ -56,8 +58,12 @@ def normalize_chat_row(row: dict, where: str) -> dict:
 def _read_jsonl(path: Path) -> list[tuple[str, object]]:
     "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
     out = []
-    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:   # bytes: a line that is not UTF-8 is named like a JSON error
+        for lineno, raw in enumerate(f, 1):
+            try: line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ChatDataError(f"{path} line {lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                    "chat data must be UTF-8 JSON Lines: is this a binary or differently encoded file?") from None
             if not line.strip(): continue
             try: out.append((f"{path} line {lineno}", json.loads(line)))
             except json.JSONDecodeError as e:
@@ -75,7 +81,8 @@ def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, objec
         elif p.exists(): ds = datasets.load_dataset(_DATASETS_BUILDERS.get(p.suffix, p.suffix.lstrip(".")), data_files=str(p), split=split or "train")
         else: ds = datasets.load_dataset(source, split=split or "train")
     except Exception as e:
-        raise ChatDataError(f"could not load chat data {source!r} (split={split!r}) with datasets: {type(e).__name__}: {e}. "
+        raise ChatDataError(f"could not load chat data {source!r} (split={split!r}) with datasets: {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}. "
                             "Pass a local .jsonl/.json/.parquet file, or a dataset name while a hub is reachable.") from e
     if isinstance(ds, datasets.DatasetDict):
         if split is None and len(ds) != 1: raise ChatDataError(f"{source}: has splits {list(ds)}; pass split=")
@@ -83,7 +90,7 @@ def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, objec
     return [(f"{source} row {i}", row) for i, row in enumerate(ds)]
 
 def _looks_like_json_lines(p: Path) -> bool:
-    with open(p, encoding="utf-8") as f:
+    with open(p, encoding="utf-8", errors="replace") as f:   # undecodable bytes: _read_jsonl names their line
         for line in f:
             if line.strip(): return not line.lstrip().startswith("[")
     return True
@@ -94,6 +101,12 @@ def load_chat_rows(source, split: str | None = None) -> list[dict]:
     else:
         p = Path(source)
         if p.is_file() and p.suffix in (".jsonl", ".json") and _looks_like_json_lines(p): items = _read_jsonl(p)
+        elif p.is_file() and p.suffix not in _DATASETS_BUILDERS:
+            raise ChatDataError(f"{p}: unknown chat data file type (suffix {p.suffix or 'none'!r}); name the file "
+                                f"{' / '.join(_DATASETS_BUILDERS)} after its format (JSON Lines: .jsonl)")
+        elif not p.exists() and looks_local(source):   # decided here: the hub is never asked about a mistyped path
+            raise FileNotFoundError(f"chat data {str(source)!r} does not exist; check the path (a hub dataset is "
+                                    "named 'name' or 'owner/name')")
         else: items = _load_with_datasets(str(source), split)
     return [normalize_chat_row(row, where) for where, row in items]  # validates every row before returning any
 

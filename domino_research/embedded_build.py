@@ -427,7 +427,7 @@ def _stage_tokenizer(out_dir, vocab_size, log):
 
 # %% ../nbs/14_embedded_build.ipynb #a679d3ef
 def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows, max_train_rows, log):
-    from domino_research.regenerate import regenerate  # absolute: this cell also runs inside the notebook
+    from domino_research.regenerate import meta_path, regenerate  # absolute: this cell also runs inside the notebook
     model, tok = load_embedded_target(out_dir)
     for split in ("test", "validation", "train"):  # held-out sets first: they are the ones every measurement uses
         rows = fit_rows(tok, read_jsonl(corpus_path(out_dir, split)), seq_length)[:max_rows]
@@ -442,7 +442,7 @@ def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows,
         out = [{"messages": answer[i]["messages"], "module": r["module"], "name": r["name"]}
                for i, r in enumerate(rows) if answer[i]["messages"][-1]["role"] == "assistant"]  # empty answers dropped
         write_jsonl(out, dataset_path(out_dir, split))
-        tmp.unlink()
+        tmp.unlink(); meta_path(tmp).unlink()   # the partial file and its resume sidecar
         log(f"regenerated {split}: {len(out)} rows, {stats['new_tokens']} tokens, {stats['unfinished']} cut at "
             f"max_new_tokens={max_new_tokens}, {stats['seconds']} s")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from .config import dumps_strict
 from .data import ChatDataError, _read_jsonl, normalize_chat_row
 from .decode import StepTimer, check_draft_fits, greedy_generate, speculative_generate
 from .draft import DFlashDraftModel
@@ -90,10 +91,16 @@ def _profile(timers: list[StepTimer], total: float, verify_steps: int, greedy_s:
                 ms_per_verify_step={k: 1e3 * v / verify_steps for k, v in secs.items()} if verify_steps else {},
                 greedy_ms_per_token=1e3 * greedy_s / max(greedy_tokens, 1))
 
+def _check_counts(**counts):
+    "Counts must be ints >= 1 (a negative n_prompts would slice prompts off the end; 0 new tokens gives no τ at all)."
+    for k, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+
 @torch.no_grad()
 def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
                    candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False) -> dict:
     "Speculative vs plain greedy decoding of `target` on `n_prompts` prompts: τ, acceptance, speed, losslessness."
+    _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
     model, tok = _load_target(target)
     draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir)
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
@@ -175,7 +182,7 @@ def plot_eval(res: dict, out_dir) -> list[Path]:
 def write_eval(res: dict, out_dir) -> Path:
     "Write `eval.json` and the plots of an `evaluate_draft` result into `out_dir`; returns the json path."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "eval.json").write_text(dumps_strict(res, indent=2) + "\n")   # strict JSON: an undefined metric is null
     plot_eval(res, out)
     return out / "eval.json"
 
@@ -190,7 +197,7 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
     res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                          candidate_ks=tuple(candidate_k or ()))
     if not per_prompt: res.pop("per_prompt")
-    if as_json: print(json.dumps(res))
+    if as_json: print(dumps_strict(res))
     else:
         print(f"{res['n_prompts']} prompts, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}) "
               f"of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy {res['target_tokens_per_s']:.1f} "

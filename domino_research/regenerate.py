@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -16,10 +17,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 
+from .config import looks_local
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row
 
 # %% auto #0
-__all__ = ['regenerate', 'main']
+__all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'regenerate', 'main']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -115,6 +117,55 @@ def _sort_output(out_path: Path):
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(recs, key=lambda r: r["index"])), encoding="utf-8")
     os.replace(tmp, out_path)
 
+# %% ../nbs/12_regenerate.ipynb #0375c516
+_VOLATILE = ("architectures", "transformers_version", "dtype", "torch_dtype", "use_cache")   # not what answers depend on
+
+def _digest(h) -> str: return h.hexdigest()[:16]
+
+def target_fingerprint(target) -> str:
+    "Digest of the target's config (without paths, dtype, versions), its generation eos and a 64-value strided bf16 sample of every weight."
+    cfg = {k: v for k, v in target.config.to_dict().items() if k not in _VOLATILE and not k.startswith("_")}
+    eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    h = hashlib.sha256(json.dumps([cfg, eos], sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for name, w in sorted(target.state_dict().items()):
+            flat = w.reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 64)][:64].to("cpu", torch.bfloat16)
+            h.update(f"{name}{tuple(w.shape)}".encode()); h.update(sample.view(torch.int16).numpy().tobytes())
+    return _digest(h)
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    "Digest of the tokenizer's vocabulary, special tokens and chat template."
+    parts = [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
+    return _digest(hashlib.sha256(json.dumps(parts, default=str).encode()))
+
+def _name(obj) -> str:
+    n = str(getattr(obj, "name_or_path", "") or "")
+    return str(Path(n).resolve()) if n and Path(n).exists() else n
+
+def run_identity(target, tokenizer, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> dict:
+    "What a regenerated answer depends on: the `<out>.meta.json` record."
+    return dict(target=_name(target), target_fingerprint=target_fingerprint(target), tokenizer=_name(tokenizer),
+                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), max_new_tokens=max_new_tokens,
+                temperature=temperature, enable_thinking=enable_thinking, seed=seed)
+
+def meta_path(out_path) -> Path: return Path(out_path).with_name(Path(out_path).name + ".meta.json")
+
+def identity_diff(old: dict, new: dict) -> list[str]:
+    "The settings in which `new` differs from `old`, as 'key: was X, now Y' (the seed only counts when sampling)."
+    diffs = []
+    for key, name in (("target_fingerprint", "target"), ("tokenizer_fingerprint", "tokenizer")):
+        if old.get(key) != new[key]:
+            diffs.append(f"{name}: was {old.get(name)!r} (fingerprint {old.get(key)}), now {new[name]!r} ({new[key]})")
+    for key in ("max_new_tokens", "temperature", "enable_thinking") + (("seed",) if new["temperature"] > 0 else ()):
+        if old.get(key) != new[key]: diffs.append(f"{key}: was {old.get(key)!r}, now {new[key]!r}")
+    return diffs
+
+def _write_meta(path: Path, meta: dict):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, path)
+
 # %% ../nbs/12_regenerate.ipynb #c1ad9b6f
 def _regenerate_batch(target, tokenizer, rows: list[dict], max_new_tokens, temperature, enable_thinking, stats) -> list[list[dict]]:
     plans = [_prompt_groups(r["messages"]) for r in rows]
@@ -130,16 +181,34 @@ def _regenerate_batch(target, tokenizer, rows: list[dict], max_new_tokens, tempe
             history[b].append({"role": "assistant", "content": text})
     return history
 
+def _check_settings(max_new_tokens, temperature, batch_size):
+    if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if batch_size < 1 or max_new_tokens < 1: raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+
+def _read_meta(mpath: Path) -> dict | None:
+    if not mpath.is_file(): return None
+    try: return json.loads(mpath.read_text())
+    except ValueError:
+        raise ChatDataError(f"{mpath}: not valid JSON, so the rows next to it cannot be checked; delete it to resume "
+                            "unchecked, or use a new --out") from None
+
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
                enable_thinking: bool = False, seed: int = 0, progress: bool = True) -> dict:
     "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the target's answer; append JSONL to `out_path`, resumably. Returns stats."
+    _check_settings(max_new_tokens, temperature, batch_size)
     _check_chat_template(tokenizer)
     rows = load_chat_rows(rows)  # validates every row before anything is written
-    if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if batch_size < 1 or max_new_tokens < 1: raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
-    out_path = Path(out_path)
+    out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    meta = run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed)
+    old = _read_meta(mpath)
+    has_rows = out_path.is_file() and out_path.stat().st_size > 0
+    if has_rows and old is not None and (diffs := identity_diff(old, meta)):
+        raise ChatDataError(f"{out_path}: its rows were generated with other settings ({'; '.join(diffs)}); use a new --out, "
+                            f"or resume with the settings recorded in {mpath}")
     done = _read_done(out_path, rows)
+    if has_rows and old is None: print(f"{out_path}: no {mpath.name} (written by an older version): resuming unchecked")
+    if old != meta: _write_meta(mpath, meta)   # before the first row
     stats = dict(rows=len(rows), already_done=len(done), written=0, turns=0, new_tokens=0, empty_answers=0, unfinished=0)
     t0 = time.time()
     with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(rows), initial=len(done), desc="regenerate",
@@ -175,15 +244,20 @@ def _parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="sampling seed (used when temperature > 0)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--enable_thinking", action="store_true", help="let a Qwen3 target think (default: thinking off)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N rows")
+    p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return p.parse_args(argv)
 
 def main(argv=None) -> dict:
     from transformers import AutoTokenizer
-    from domino_research.target import load_target
+    from domino_research.target import check_target_path, load_target
     a = _parse_args(argv)
+    _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
+    if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")
     rows = load_chat_rows(a.data, split=a.split)[:a.limit]
+    check_target_path(a.target)                                      # a mistyped local path fails here, the hub never asked
+    if a.tokenizer and looks_local(a.tokenizer) and not Path(a.tokenizer).exists():
+        raise FileNotFoundError(f"--tokenizer {a.tokenizer!r} does not exist; check the path")
     tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target)
     target = load_target(a.target, device=a.device)
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -193,4 +267,5 @@ def main(argv=None) -> dict:
 #| eval: false
 if __name__ == "__main__":
     try: main()
-    except (ChatDataError, OSError) as e: sys.exit(f"regenerate: error: {e}")  # a clear message, exit status 1
+    except (ValueError, OSError) as e:   # bad data, target, settings or --out (ChatDataError, ConfigError, missing files)
+        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote

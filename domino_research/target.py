@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .config import ConfigError, DFlashConfig
+from .config import ConfigError, DFlashConfig, looks_local
 
 # %% auto #0
-__all__ = ['freeze', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids', 'capture_features',
-           'check_draft_fits_target']
+__all__ = ['freeze', 'TargetLoadError', 'check_target_path', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids',
+           'capture_features', 'check_draft_fits_target']
 
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -24,18 +25,38 @@ def freeze(model: nn.Module) -> nn.Module:
     "Eval mode and `requires_grad=False` on every parameter (in place); returns the model."
     return model.eval().requires_grad_(False)
 
+class TargetLoadError(ConfigError, OSError):
+    "The target (or its folder) cannot be loaded; the message names the path and what is missing."
+
+_WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+
+def check_target_path(path_or_id, what: str = "target") -> str:
+    "Refuse a folder without config.json or weights, a file, or a local-looking path that does not exist (no hub call); returns the name."
+    s, p = str(path_or_id), Path(path_or_id)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise TargetLoadError(f"{what} {s!r}: the folder has no config.json; pass a model folder written by save_pretrained "
+                                  "(config.json + weights) or a hub id")
+        if not any((p / n).is_file() for n in _WEIGHT_FILES):
+            raise TargetLoadError(f"{what} {s!r}: the folder has config.json but no weights ({' / '.join(_WEIGHT_FILES)}); "
+                                  "copy the weights there or pass the folder that has them")
+    elif p.exists(): raise TargetLoadError(f"{what} {s!r} is a file; pass the model folder (config.json + weights)")
+    elif looks_local(s): raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
+    return s
+
 def load_target(path_or_id, dtype=None, device=None) -> PreTrainedModel:
     "Load a causal LM (folder or hub id) frozen: eval, no grad; bf16 on CUDA, fp32 on CPU unless `dtype` is given."
     device = torch.device(device) if device is not None else _default_device()
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     if dtype is None: dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(path_or_id, PreTrainedModel): return freeze(path_or_id.to(device=device, dtype=dtype))
+    check_target_path(path_or_id)
     try: model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype)
     except (OSError, ValueError) as e:
         where = "the local folder has no loadable model" if Path(str(path_or_id)).exists() else \
                 "it is not a local folder, and as a hub id it could not be fetched (offline?)"
-        raise OSError(f"cannot load target {str(path_or_id)!r}: {where}. Pass a folder with config.json and weights "
-                      f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {str(e)[:300]})") from e
+        raise TargetLoadError(f"cannot load target {str(path_or_id)!r}: {where}. Pass a folder with config.json and weights "
+                              f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     return freeze(model.to(device))
 
 # %% ../nbs/10_target.ipynb #8e6c7142

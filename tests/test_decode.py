@@ -100,7 +100,7 @@ def test_bench_decode_refuses(toy, tmp_path, case, expect):
         del js["dflash_config"]["shift_label"]
         (draft / "config.json").write_text(json.dumps(js))
     r = _bench("--draft", draft, "--target", toy / "target", "--prompts", prompts, "--json")
-    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.returncode == 2, (r.stdout, r.stderr)
     assert expect in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stdout == ""                                  # refused before any decoding
 

@@ -20,17 +20,20 @@ ROWS = [{"conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt"
         {"messages": [{"role": "user", "content": "Prompt only"}]}]
 
 
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("target")
+def make_target(d, seed=0):
     tok = toy_chat_tokenizer(["Say hi. Add? Again? Prompt only. Be brief. Hello there, how are you?"] * 10, vocab_size=280)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, max_position_embeddings=256, initializer_range=0.5,
                       eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     Qwen3ForCausalLM(cfg).save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return make_target(tmp_path_factory.mktemp("target"))
 
 
 def run_cli(*args):
@@ -62,6 +65,56 @@ def test_cli_bad_input_writes_nothing(target_dir, tmp_path):
     data, out = tmp_path / "bad.jsonl", tmp_path / "out.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n" + '{"messages": [{"role": "user"\n')
     r = run_cli("--target", target_dir, "--data", data, "--out", out)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert f"regenerate: error: {data} line 2: invalid JSON" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def assert_one_line_error(r, *needles):
+    "Exit status 2, `regenerate: error:` on stderr naming each needle, no traceback."
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "regenerate: error: " in r.stderr, r.stderr
+    for n in needles: assert str(n) in r.stderr, (n, r.stderr)
+
+
+def test_cli_resume_with_another_target_or_settings_is_refused(target_dir, tmp_path):
+    data, out = tmp_path / "data.jsonl", tmp_path / "out.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    io = ["--data", data, "--out", out]
+    args = [*io, "--max_new_tokens", 5, "--batch_size", 2, "--limit", 1]
+    r = run_cli("--target", target_dir, *args)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "out.jsonl.meta.json").read_text())
+    assert meta["target"] == str(Path(target_dir).resolve()) and meta["max_new_tokens"] == 5
+    written = out.read_text()
+    other = make_target(tmp_path / "other", seed=1)            # same architecture and tokenizer, other weights
+    r = run_cli("--target", other, *args)
+    assert_one_line_error(r, out, "target: was", str(other.resolve()), "use a new --out")
+    r = run_cli("--target", target_dir, *io, "--max_new_tokens", 7)
+    assert_one_line_error(r, "max_new_tokens: was 5, now 7")
+    r = run_cli("--target", target_dir, *args, "--temperature", 0.5)
+    assert_one_line_error(r, "temperature: was 0.0, now 0.5")
+    assert out.read_text() == written                          # nothing appended by a refused resume
+    r = run_cli("--target", target_dir, *io, "--max_new_tokens", 5, "--limit", 3)   # the same settings resume
+    assert r.returncode == 0, r.stderr
+    assert "(1 already done)" in r.stdout and out.read_text().startswith(written)
+
+
+@pytest.mark.parametrize("case", ["missing_local", "no_config", "no_weights", "binary_data", "no_suffix", "bad_setting"])
+def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
+    data, out = tmp_path / "data.jsonl", tmp_path / "out.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    target, needle = target_dir, None
+    if case == "missing_local": target = needle = tmp_path / "modles" / "qwen3"
+    if case == "no_config": target = tmp_path / "empty"; target.mkdir(); needle = "has no config.json"
+    if case == "no_weights":
+        target = tmp_path / "cfg_only"; target.mkdir(); (target / "config.json").write_text((Path(target_dir) / "config.json").read_text())
+        needle = "has config.json but no weights"
+    if case == "binary_data": data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe"); needle = "line 1: not UTF-8 text"
+    if case == "no_suffix": data = tmp_path / "data"; data.write_text(json.dumps(ROWS[0]) + "\n"); needle = "unknown chat data file type"
+    extra = ["--max_new_tokens", 0] if case == "bad_setting" else []
+    if case == "bad_setting": needle = "max_new_tokens must be >= 1"
+    r = run_cli("--target", target, "--data", data, "--out", out, *extra)
+    assert_one_line_error(r, needle)
     assert not out.exists()

@@ -1,0 +1,120 @@
+"""User mistakes outside the training recipe, through the real command lines: each is one line on stderr naming the
+file / key and the bad value, exit status 2 and no traceback (papermill: a non-zero exit naming the parameter, before
+anything heavy runs)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, write_config
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+       "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO)
+
+
+def assert_one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
+    assert "Traceback" not in r.stderr, r.stderr[-4000:]
+    err = [l for l in r.stderr.splitlines() if "error: " in l]
+    assert len(err) == 1, r.stderr[-4000:]
+    for n in needles: assert str(n) in err[0], (n, err[0])
+
+
+# ------------------------------------------------------------------ bench
+@pytest.mark.parametrize("argv, needle", [
+    (["decode", "--draft", "d", "--n_prompts", "-1"], "argument --n_prompts: must be >= 1, got -1"),
+    (["decode", "--draft", "d", "--n_prompts", "0"], "argument --n_prompts: must be >= 1, got 0"),
+    (["decode", "--draft", "d", "--max_new_tokens", "0"], "argument --max_new_tokens: must be >= 1, got 0"),
+    (["loss", "--chunk_size", "0"], "argument --chunk_size: must be >= 1, got 0"),
+    (["loss", "--variants", "foo"], "argument --variants: unknown variant(s) foo"),
+    (["loss", "--tokens", "-5"], "argument --tokens: must be >= 1, got -5"),
+])
+def test_bench_bad_arguments(argv, needle):
+    assert_one_line_error(run("-m", "domino_research.bench", *argv), needle)
+
+
+def test_bench_decode_bad_paths(tmp_path):
+    missing = tmp_path / "no_such_run"
+    assert_one_line_error(run("-m", "domino_research.bench", "decode", "--draft", missing), missing, "no such directory")
+    draft = tmp_path / "draft"; draft.mkdir(); (draft / "config.json").write_text("{}")
+    empty = tmp_path / "empty_target"; empty.mkdir()
+    assert_one_line_error(run("-m", "domino_research.bench", "decode", "--draft", draft, "--target", empty),
+                          empty, "has no config.json")
+    t0 = time.perf_counter()
+    r = run("-m", "domino_research.bench", "decode", "--draft", draft, "--target", "./models/qwen3-typo")
+    assert_one_line_error(r, "target './models/qwen3-typo' does not exist")
+    assert time.perf_counter() - t0 < 60                       # decided locally: no hub timeout
+
+
+# ------------------------------------------------------------------ training command line (data and target inputs)
+def train(tiny, tmp_path, **overrides):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "decode_eval_prompts": 0})
+    args = [x for k, v in overrides.items() for x in (f"--{k}", v)]
+    return run("-m", "domino_research.train", "--config", cfg, "--max_steps", 1, "--run_name", "bad", *args)
+
+
+def test_train_binary_jsonl(tiny, tmp_path):
+    data = tmp_path / "train.jsonl"; data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    assert_one_line_error(train(tiny, tmp_path, train_data=data), "train_data:", data, "line 1: not UTF-8 text")
+
+
+def test_train_data_without_suffix(tiny, tmp_path):
+    data = tmp_path / "train"; shutil.copy(tiny["root"] / "train.jsonl", data)
+    assert_one_line_error(train(tiny, tmp_path, train_data=data), "train_data:", data, "unknown chat data file type")
+
+
+@pytest.mark.parametrize("path", ["data/trian.jsonl", "./typo/train", "eval.parquet"])
+def test_train_missing_local_data_path(tiny, tmp_path, path):
+    r = train(tiny, tmp_path, eval_data=path)
+    assert_one_line_error(r, f"eval_data: chat data '{path}' does not exist")
+
+
+def test_train_unknown_embedded_split(tiny, tmp_path):
+    assert_one_line_error(train(tiny, tmp_path, train_data="embedded:tset"), "train_data:", "unknown embedded split 'tset'")
+
+
+def test_train_target_without_weights(tiny, tmp_path):
+    t = tmp_path / "target"; shutil.copytree(tiny["root"] / "target", t)
+    for w in t.glob("*.safetensors"): w.unlink()
+    assert_one_line_error(train(tiny, tmp_path, target=t), t, "has config.json but no weights")
+
+
+def test_train_missing_local_target(tiny, tmp_path):
+    assert_one_line_error(train(tiny, tmp_path, target="./models/qwen3-typo"), "./models/qwen3-typo")
+
+
+@pytest.mark.xfail(reason="the recipe reads AutoConfig before load_target: needs target.check_target_path at the start "
+                          "of the recipe's setup (nbs/20_train.ipynb)", strict=False)
+def test_train_target_without_config(tiny, tmp_path):
+    t = tmp_path / "target"; t.mkdir()
+    assert_one_line_error(train(tiny, tmp_path, target=t), t, "has no config.json")
+
+
+# ------------------------------------------------------------------ papermill notebooks
+def papermill(nb, tmp_path, *params):
+    args = [x for k, v in zip(params[::2], params[1::2]) for x in ("-p", k, v)]
+    return run("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
+
+
+@pytest.mark.parametrize("nb, params, needle", [
+    ("evaluate.ipynb", ("n_prompts", "two"), "parameter 'n_prompts' expects int, got 'two' (str)"),
+    ("evaluate.ipynb", ("max_new_tokens", "0"), "parameter 'max_new_tokens' must be >= 1, got 0"),
+    ("evaluate.ipynb", ("candidate_ks", "16,x"), "parameter 'candidate_ks' must be a comma list of integers"),
+    ("ablations.ipynb", ("steps", "two"), "parameter 'steps' expects int, got 'two'"),
+    ("ablations.ipynb", ("base_overrides", "[1, 2]"), "parameter 'base_overrides' must be a YAML mapping"),
+])
+def test_papermill_bad_parameter(tmp_path, nb, params, needle):
+    r = papermill(nb, tmp_path, *params)
+    assert r.returncode != 0 and needle in r.stderr, r.stderr[-3000:]
+    cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
+    ran = [c for c in cells if c["cell_type"] == "code" and c.get("execution_count")]
+    assert len(ran) == 3                                       # parameters, injected parameters, the check: nothing else ran
