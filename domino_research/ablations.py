@@ -5,7 +5,7 @@
 # %% ../nbs/40_ablations.ipynb #ee523054
 from __future__ import annotations
 
-import dataclasses, hashlib, json, math, shutil, statistics, time
+import dataclasses, hashlib, json, shutil, statistics, time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 import torch
 from transformers import AutoTokenizer
 
-from .config import ConfigError
+from .config import ConfigError, dumps_strict
 from .embedded import sha256_file
 from .train import DFlashTrainConfig, load_train_config, resolve_data_path, resolve_target_path
 
@@ -294,7 +294,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         t0 = time.perf_counter()
         final = main(config, **kw)
         trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": time.perf_counter() - t0}
-        (run_dir / "trained.json").write_text(json.dumps(trained, indent=2) + "\n")
+        (run_dir / "trained.json").write_text(dumps_strict(trained, indent=2) + "\n")
     final = trained["final"]
     if final.get("step") != steps:
         raise RuntimeError(f"[{name} seed {seed}] trained {final.get('step')} optimiser steps instead of the budget {steps} "
@@ -313,7 +313,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
            "train_seconds": trained["train_seconds"], "eval_seconds": time.perf_counter() - t0,
            "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
            "tau_per_prompt": [r["tau_spec"] for r in ev["per_prompt"]], "fingerprint": fp}
-    (run_dir / "result.json").write_text(json.dumps(rec, indent=2) + "\n")
+    (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
     delete_weights(run_dir)
     log(f"[{name} seed {seed}] {final['step']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
         f"(base {rec['tau_base']:.3f}), lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")

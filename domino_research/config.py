@@ -10,8 +10,8 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Literal, Union
 
 from fastcore.basics import patch
 

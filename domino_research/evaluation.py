@@ -5,8 +5,6 @@
 # %% ../nbs/32_evaluation.ipynb #ed47abd5
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 

@@ -18,13 +18,13 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, config_from_dict
+from .config import ConfigError, DFlashConfig, config_from_dict, dumps_strict
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
 from .loss import WindowSums, lambda_base_schedule
 from .reduce import EvalSums
-from .target import load_target, capture_features, target_embed, target_lm_head
+from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
 
 # %% auto #0
@@ -219,14 +219,7 @@ def _write_text(path, text: str):
     tmp = Path(path).with_name(f".{Path(path).name}.tmp")
     tmp.write_text(text); os.replace(tmp, path)
 
-def _strict(obj):
-    "`obj` with every NaN/inf float replaced by None, so it can be written as strict JSON."
-    if isinstance(obj, float): return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict): return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return [_strict(v) for v in obj]
-    return obj
-
-def _write_json(path, obj): _write_text(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+def _write_json(path, obj): _write_text(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
 
 def read_metrics(path) -> list[dict]:
     "Rows of a `metrics.jsonl`; a line torn by a killed writer (it can only be the last) is dropped with a warning."
@@ -440,7 +433,7 @@ class TrainDFlashRecipe:
         self._claim_run_dir()
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
-        self.target_path = resolve_target_path(cfg.target)
+        self.target_path = check_target_path(resolve_target_path(cfg.target))   # no config.json or weights: one line
         try: self.target_config = AutoConfig.from_pretrained(self.target_path)
         except OSError as e: raise ConfigError(f"target: cannot read a model config at {self.target_path!r} ({e})") from None
         self.dflash = self._build_dflash_config()
@@ -773,7 +766,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     self._save(run_dir, step, epoch, offset)
     if acc.is_main_process:
         _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
-        _write_json(run_dir / "summary.json", _strict(final))
+        _write_json(run_dir / "summary.json", final)
     acc.wait_for_everyone()
     if cfg.wandb_project: acc.end_training()
     return final
@@ -781,7 +774,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
     if self.accelerator.is_main_process:
-        with open(metrics_file, "a") as f: f.write(json.dumps(_strict(stats), allow_nan=False) + "\n")
+        with open(metrics_file, "a") as f: f.write(dumps_strict(stats) + "\n")
     if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
 # %% ../nbs/20_train.ipynb #cd4f8b16
@@ -875,7 +868,7 @@ def _decode_eval(cfg) -> dict:
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
                          n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
                          enable_thinking=cfg.enable_thinking)
-    _write_json(cfg.run_dir / "eval.json", _strict(res))
+    _write_json(cfg.run_dir / "eval.json", res)
     plot_eval(res, cfg.run_dir / "plots")
     return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
 

@@ -92,8 +92,6 @@ def test_train_missing_local_target(tiny, tmp_path):
     assert_one_line_error(train(tiny, tmp_path, target="./models/qwen3-typo"), "./models/qwen3-typo")
 
 
-@pytest.mark.xfail(reason="the recipe reads AutoConfig before load_target: needs target.check_target_path at the start "
-                          "of the recipe's setup (nbs/20_train.ipynb)", strict=False)
 def test_train_target_without_config(tiny, tmp_path):
     t = tmp_path / "target"; t.mkdir()
     assert_one_line_error(train(tiny, tmp_path, target=t), t, "has no config.json")

@@ -1,5 +1,4 @@
 "The shipped embedded default: CLI verify and build, loaders from outside the repo, damaged-copy detection, a light import."
-import json
 import os
 import shutil
 import subprocess
