@@ -182,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m domino_research.bench", description="domino_research benchmarks")
     sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
-    _add_decode_parser(sub)                                               # issue 5: the "Decoding" cell below
+    _add_decode_parser(sub)                                               # the "Decoding" cell below
     return p
 
 def main(argv=None):

@@ -122,7 +122,7 @@ def config_from_dict(cls, d: dict, where: str = "config"):
 
 # %% ../nbs/00_config.ipynb #2a3f7474
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    "Default captured target layers (SPEC §3): `[T//2]` for one draft layer, else evenly spaced over `1..T-3`."
+    "Default captured target layers: `[T//2]` for one draft layer, else evenly spaced over `1..T-3`."
     T, n = num_target_layers, num_draft_layers
     if n < 1: raise ConfigError(f"num_draft_layers must be >= 1, got {n!r}.")
     if T < 1: raise ConfigError(f"num_target_layers must be >= 1, got {T!r}.")
@@ -132,10 +132,10 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 # %% ../nbs/00_config.ipynb #9dacfa48
 @dataclass
 class DFlashConfig:
-    "The `dflash_config` of a draft (SPEC §10): block/mask/layer contract plus the Domino head fields."
+    "The `dflash_config` of a draft (notebook 31): block/mask/layer contract plus the Domino head fields."
     mask_token_id: int                          # id of the MASK token filling a block (Qwen3: 151669); must be < vocab size
     block_size: int = 16                        # tokens per draft block (bs), >= 2
-    target_layer_ids: list[int] | None = None   # captured target layers, strictly increasing; None = default rule (SPEC §3)
+    target_layer_ids: list[int] | None = None   # captured target layers, strictly increasing; None = default rule (`default_target_layer_ids`)
     shift_label: bool = False                   # False: slot k predicts x[a+k] (DFlash); True: x[a+1+k] (Domino recipe)
     projector_type: str | None = None           # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
     emb_dim: int = 256                          # E, rank of the correction (embed_proj hidden width)

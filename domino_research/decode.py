@@ -166,7 +166,7 @@ def draft_dflash_config(draft) -> DFlashConfig:
     "The draft's `dflash_config`, refusing one that does not say which label convention it was trained with."
     raw = getattr(draft.config, "dflash_config", None)
     if not isinstance(raw, dict):
-        raise ConfigError("draft config has no `dflash_config` object: this is not a DFlash/Domino draft (SPEC §10)")
+        raise ConfigError("draft config has no `dflash_config` object: this is not a DFlash/Domino draft (notebook 31)")
     if "shift_label" not in raw:
         raise ConfigError("draft config `dflash_config` has no `shift_label`: the label convention it was trained with is "
                           "unknown, and decoding with the wrong one silently accepts almost nothing. Re-export the draft "

@@ -77,7 +77,7 @@ class DFlashTrainer(nn.Module):
 # %% ../nbs/04_domino.ipynb #c38b0cf6
 @patch
 def _anchors(self: DFlashTrainer, input_ids, loss_mask, anchor_positions, block_keep, generator):
-    "Sampled (SPEC §5.1) or explicit anchors `[B, N]` and keep flags; NoValidAnchorsError if no block is kept."
+    "Sampled (notebook 01) or explicit anchors `[B, N]` and keep flags; NoValidAnchorsError if no block is kept."
     bs, S = self.draft.dflash.block_size, input_ids.shape[1]
     if anchor_positions is None:
         return sample_anchors(loss_mask, bs, self.num_anchors, generator=generator)

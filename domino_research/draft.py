@@ -36,7 +36,7 @@ def _rope_parameters(cfg) -> dict:
     return {**(getattr(cfg, "rope_scaling", None) or {"rope_type": "default"}), "rope_theta": float(theta)}
 
 def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int) -> Qwen3Config:
-    "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config`, with the SPEC §10 extras."
+    "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config`, with the notebook 31 extras."
     T, n = target_config.num_hidden_layers, num_draft_layers
     dflash = dflash.resolve_layers(T, n).validate(vocab_size=target_config.vocab_size, num_target_layers=T)
     heads = target_config.num_attention_heads
@@ -76,7 +76,7 @@ def _dflash_of(config) -> DFlashConfig:
 
 # %% ../nbs/03_draft.ipynb #f85ef918
 class DFlashRotaryEmbedding(Qwen3RotaryEmbedding):
-    "Qwen3 RoPE whose `inv_freq` stays fp32 through dtype casts of the model (SPEC §4, §12)."
+    "Qwen3 RoPE whose `inv_freq` stays fp32 through dtype casts of the model."
     def _fp32_inv_freq(self) -> torch.Tensor:
         fn = self.compute_default_rope_parameters if self.rope_type == "default" else ROPE_INIT_FUNCTIONS[self.rope_type]
         inv_freq, _ = fn(self.config)
@@ -179,7 +179,7 @@ class HeadActivation(nn.SiLU):
 
 # %% ../nbs/03_draft.ipynb #2be5947f
 class DFlashDraftModel(PreTrainedModel):
-    "DFlash draft backbone (+ Domino head parameters) on the target's captured features; on-disk names of SPEC §10."
+    "DFlash draft backbone (+ Domino head parameters) on the target's captured features; on-disk names of notebook 31."
     config_class = Qwen3Config
     base_model_prefix = "draft"
     main_input_name = "target_hidden"
@@ -191,7 +191,7 @@ class DFlashDraftModel(PreTrainedModel):
     def __init__(self, config: Qwen3Config):
         super().__init__(config)
         dflash = _dflash_of(config)
-        if getattr(config, "rope_theta", None) is None:  # keep writing the top-level copy (SPEC §10) after a reload
+        if getattr(config, "rope_theta", None) is None:  # keep writing the top-level copy (notebook 31) after a reload
             config.rope_theta = _rope_parameters(config)["rope_theta"]
         H, L = config.hidden_size, len(dflash.target_layer_ids)
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))

@@ -105,7 +105,7 @@ def test_bench_decode_refuses(toy, tmp_path, case, expect):
     assert r.stdout == ""                                  # refused before any decoding
 
 
-# ---------------------------------------------------------------- the embedded target (SPEC §11)
+# ---------------------------------------------------------------- the embedded target (notebook 13)
 
 def _embedded():
     try:
