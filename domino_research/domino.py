@@ -17,7 +17,7 @@ from .loss import accept_len, chunked_dual_ce
 from .masks import dense_block_mask, flex_block_mask
 
 # %% auto #0
-__all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'DominoTrainer']
+__all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'metric_pairs', 'DominoTrainer']
 
 # %% ../nbs/04_domino.ipynb #56dcd904
 def slot_gru_states(draft: DFlashDraftModel,
@@ -112,6 +112,16 @@ def _head_states(self: DFlashTrainer, input_ids, anchors, z):
     return None, None
 
 # %% ../nbs/04_domino.ipynb #01d3c4da
+def metric_pairs(out: dict) -> dict:
+    "The step's metrics as named `(numerator, denominator)` 0-dim tensors: summed over micro-batches and ranks, then divided."
+    w = out["weight_sum"]
+    m = {"loss": (out["loss"].detach() * w, w), "base_loss": (out["base_loss"] * w, w),
+         "base_accuracy": (out["base_correct"], out["valid_slots"]), "base_accept_len": (out["base_accept_sum"], out["valid_blocks"])}
+    if "final_loss" in out:
+        m.update(final_loss=(out["final_loss"] * w, w), final_accuracy=(out["final_correct"], out["valid_slots"]),
+                 final_accept_len=(out["final_accept_sum"], out["valid_blocks"]), lambda_base=(out["lambda_base"], torch.ones_like(w)))
+    return m
+
 def _metric_sums(pred, labels, valid, has_valid):
     "(correct slots, Σ accept_len over blocks with a valid slot) for predictions `[B, N, bs]`."
     correct = (pred == labels) & valid
@@ -139,6 +149,7 @@ def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_posit
         final_correct, final_accept = _metric_sums(ce["final_pred"], labels, valid, has_valid)
         out.update(final_loss=final_loss.detach(), final_correct=final_correct, final_accept_sum=final_accept,
                    lambda_base=torch.tensor(float(lambda_base), device=wsum.device))
+    out["metrics"] = metric_pairs(out)
     return out
 
 @patch

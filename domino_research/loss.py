@@ -308,7 +308,7 @@ def lambda_base_schedule(step: int,          # completed optimizer steps
 
 # %% ../nbs/05_loss.ipynb #4811cdf3
 class WindowSums:
-    "(numerator, denominator) sums over the micro-batches of one optimizer step; `compute()` divides."
+    "(numerator, denominator) sums over the micro-batches of one optimizer step, kept where the values live; `compute()` divides."
     def __init__(self): self.reset()
 
     def reset(self):
@@ -321,9 +321,9 @@ class WindowSums:
         else: self.sums[name] = [num, den]
 
     def compute(self) -> dict:
-        "name -> Σnum / Σden (0.0 where Σden == 0, i.e. nothing was counted)."
-        out = {}
-        for name, (num, den) in self.sums.items():
-            num, den = float(num), float(den)
-            out[name] = num / den if den > 0 else 0.0
-        return out
+        "name -> Σnum / Σden (0.0 where Σden == 0, i.e. nothing was counted), with one device-to-host copy for all."
+        if not self.sums: return {}
+        dev = next((v.device for pair in self.sums.values() for v in pair if isinstance(v, Tensor)), None)
+        flat = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev) for pair in self.sums.values() for v in pair])
+        flat = flat.tolist()                                            # the window's one host sync for its metrics
+        return {name: (n / d if d > 0 else 0.0) for name, n, d in zip(self.sums, flat[0::2], flat[1::2])}

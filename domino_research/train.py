@@ -28,13 +28,13 @@ from .target import check_target_path, load_target, capture_features, target_emb
 from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'RECIPES', 'DFlashTrainConfig',
-           'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'Yaml12Loader', 'yaml_load',
-           'load_train_config', 'resolve_target_path', 'resolve_data_path', 'draft_contract', 'check_contract',
-           'read_metrics', 'list_checkpoints', 'save_checkpoint', 'checkpoint_damage', 'load_checkpoint_state',
-           'resume_checkpoint', 'check_resumed_config', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir',
-           'check_wandb', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main',
-           'plot_run', 'cli']
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'EVAL_METRICS', 'RECIPES',
+           'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
+           'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
+           'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
+           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'RunLock',
+           'replaced_dir', 'set_aside', 'settle_run_dir', 'check_wandb', 'epoch_order', 'NonFiniteLossError',
+           'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/20_train.ipynb #d37220ce
 @dataclass
@@ -589,16 +589,17 @@ def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
     return True
 
 @patch
-def _weight_sum(self: TrainDFlashRecipe, batch) -> float:
+def _weight_sum(self: TrainDFlashRecipe, batch) -> torch.Tensor:
     "Σw of the micro-batch's loss (notebook 01), known before the forward so the window can be normalised up front."
     _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
                             self.cfg.block_size, self.dflash.shift_label)
-    return float(loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum())
+    return loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum()      # 0-dim, on the device
 
 @patch
-def _reduce(self: TrainDFlashRecipe, values: list[float], op: str) -> list[float]:
-    "One all-reduce (SUM or MIN) of a short list of floats; identity on one process."
-    t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+def _reduce(self: TrainDFlashRecipe, values: list, op: str) -> list[float]:
+    "One all-reduce (SUM or MIN) of a short list of numbers or 0-dim tensors, then one copy to the host; identity on one process."
+    dev = self.accelerator.device
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(()) for v in values])
     if self.accelerator.num_processes > 1:
         import torch.distributed as dist
         dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
@@ -613,13 +614,11 @@ def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, **kw
 
 @patch
 def _train_metric_sums(self: TrainDFlashRecipe, out) -> dict:
-    w = out["weight_sum"]
-    sums = {"loss": (out["loss"].detach() * w, w), "base_loss": (out["base_loss"] * w, w),
-            "base_accuracy": (out["base_correct"], out["valid_slots"]),
-            "base_accept_len": (out["base_accept_sum"], out["valid_blocks"])}
-    sums["accuracy"], sums["accept_len"] = sums["base_accuracy"], sums["base_accept_len"]  # DFlash: final = base
-    sums.update(self._extra_train_metric_sums(out))
-    return sums
+    "The micro-batch's named (numerator, denominator) pairs; `accuracy` / `accept_len` are those of the proposals."
+    m = out["metrics"]
+    sums = {k: m[k] for k in ("loss", "base_loss", "base_accuracy", "base_accept_len")}
+    sums.update(accuracy=m["base_accuracy"], accept_len=m["base_accept_len"])     # DFlash proposes with its base logits
+    return {**sums, **self._extra_train_metric_sums(out)}
 
 @patch
 def _extra_train_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
@@ -637,11 +636,14 @@ def _eval_metric_sums(self: TrainDFlashRecipe, out) -> dict:
 def _extra_eval_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
 
 @patch
-def _empty_extra_eval_metric_sums(self: TrainDFlashRecipe) -> list[str]: return []
+def _empty_extra_eval_metric_sums(self: TrainDFlashRecipe) -> dict: return {}
+
+EVAL_METRICS = ("loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len")
 
 @patch
 def _eval_metric_names(self: TrainDFlashRecipe) -> list[str]:
-    return ["loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len"] + self._empty_extra_eval_metric_sums()
+    "Validation reports these, in this order, on every rank (a rank without a batch reports the empty sums)."
+    return [*EVAL_METRICS, *self._empty_extra_eval_metric_sums()]
 
 # %% ../nbs/20_train.ipynb #ff2d5ad7
 @patch
@@ -657,7 +659,7 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
         if not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
         out = self._run_trainer_step(batch, self._features(batch), model=self.trainer)
         for name, (num, den) in self._eval_metric_sums(out).items():
-            if name in sums.names: sums.add(name, torch.as_tensor(num, dtype=torch.float64), torch.as_tensor(den, dtype=torch.float64))
+            if name in sums.names: sums.add(name, num, den)
     sums.all_reduce(acc if acc.num_processes > 1 else None)
     self.trainer.train()
     return {f"eval/{k}": v for k, v in sums.result().items()}
@@ -678,21 +680,22 @@ def _train_window(self: TrainDFlashRecipe, window: list[list[int]], step: int) -
     weights = [self._weight_sum(b) for b in batches]
     total = self._reduce([sum(weights)], "sum")[0]
     if not batches or total == 0: return None
-    sums = WindowSums()
+    sums, finite = WindowSums(), []
     for i, (batch, w) in enumerate(zip(batches, weights)):
         last = i == len(batches) - 1
         with (acc.no_sync(self.model) if not last else nullcontext()):   # gradients sync once per window
             out = self._run_trainer_step(batch, self._features(batch))
-            finite = self._reduce([float(torch.isfinite(out["loss"].detach()))], "min")[0]
-            if not finite:
-                self.optimizer.zero_grad(set_to_none=True)
-                if cfg.on_nonfinite == "stop":
-                    raise NonFiniteLossError(f"non-finite loss ({float(out['loss'])}) at optimiser step {step + 1}, "
-                        f"micro-batch {i + 1} of its window; stopped before the update, no checkpoint written. "
-                        "Lower learning_rate, check the data, or set on_nonfinite: skip.")
-                self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
             acc.backward(out["loss"] * (w * acc.num_processes / total))
-        for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, _scalar(num), _scalar(den))
+        finite.append(torch.isfinite(out["loss"].detach()))
+        for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, num, den)   # stays on the device
+    ok = self._reduce(finite, "min")                  # one check per window, on every rank, before the update
+    if not all(ok):
+        self.optimizer.zero_grad(set_to_none=True)
+        if cfg.on_nonfinite == "stop":
+            raise NonFiniteLossError(f"non-finite loss at optimiser step {step + 1}, micro-batch {ok.index(0.0) + 1} of its "
+                                     "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
+                                     "the data, or set on_nonfinite: skip.")
+        self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
     grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
     self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
     stats = self._log_extra_train_metrics(sums.compute())
@@ -831,15 +834,14 @@ class TrainDominoRecipe(TrainDFlashRecipe):
         return super()._run_trainer_step(batch, features, model, lambda_base=lam, **kw)
 
     def _extra_train_metric_sums(self, out) -> dict:
-        w, one = out["weight_sum"], torch.ones(())
-        return {"final_loss": (out["final_loss"] * w, w), "accuracy": (out["final_correct"], out["valid_slots"]),
-                "accept_len": (out["final_accept_sum"], out["valid_blocks"]), "lambda_base": (out["lambda_base"], one)}
+        "Domino proposes with its corrected logits: those are its `accuracy` and `accept_len`; plus the final loss and λ."
+        m = out["metrics"]
+        return {"final_loss": m["final_loss"], "accuracy": m["final_accuracy"], "accept_len": m["final_accept_len"],
+                "lambda_base": m["lambda_base"]}
 
-    def _extra_eval_metric_sums(self, out) -> dict:
-        w = out["weight_sum"]
-        return {"final_loss": (out["final_loss"] * w, w)}
+    def _extra_eval_metric_sums(self, out) -> dict: return {"final_loss": out["metrics"]["final_loss"]}
 
-    def _empty_extra_eval_metric_sums(self) -> list[str]: return ["final_loss"]
+    def _empty_extra_eval_metric_sums(self) -> dict: return {"final_loss": (0.0, 0.0)}
 
     def _log_extra_train_metrics(self, metrics: dict) -> dict:
         metrics["head_gain"] = metrics["accept_len"] - metrics["base_accept_len"]  # what the head adds this window
