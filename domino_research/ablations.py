@@ -16,7 +16,9 @@ from transformers import AutoTokenizer
 
 from .config import ConfigError, dumps_strict
 from .embedded import sha256_file
-from .train import DFlashTrainConfig, load_train_config, resolve_data_path, resolve_target_path
+from .evaluation import evaluate_draft
+from .target import load_target
+from .train import DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'Variant', 'resolve_variant', 'spread',
@@ -269,15 +271,12 @@ class _Targets:
     def __init__(self): self.cache = {}
     def __call__(self, path: str):
         if path not in self.cache:
-            from domino_research.target import load_target
             self.cache[path] = (load_target(path), AutoTokenizer.from_pretrained(path))
         return self.cache[path]
 
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
             n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print) -> dict:
     "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
-    from domino_research.train import main
-    from domino_research.evaluation import evaluate_draft
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
     kw = {"eval_every_steps": None, **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import types
@@ -17,7 +18,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'default_target_layer_ids', 'DFlashConfig', 'check_params',
-           'looks_local', 'finite_or_none', 'dumps_strict']
+           'signature_defaults', 'looks_local', 'finite_or_none', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -224,6 +225,11 @@ def check_params(ns: dict, where: str = "papermill", **types_) -> dict:
                               f"pass a value of that type, e.g. -p {key} <{_type_name(tp)}>") from None
     ns.update(out)
     return out
+
+# %% ../nbs/00_config.ipynb #46bf411e
+def signature_defaults(func) -> dict:
+    "The keyword defaults of `func`: what a command line over it uses as its own defaults."
+    return {k: p.default for k, p in inspect.signature(func).parameters.items() if p.default is not inspect.Parameter.empty}
 
 # %% ../nbs/00_config.ipynb #5cf342ed
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".gz")

@@ -18,7 +18,7 @@ from .config import ConfigError, DFlashConfig
 # %% auto #0
 __all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'greedy_generate', 'accept_length', 'StepTimer', 'speculative_loop',
            'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'check_draft_fits',
-           'DraftProposer', 'speculative_generate', 'evaluate_draft']
+           'DraftProposer', 'speculative_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -249,9 +249,3 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, stop_tok
     propose = DraftProposer(draft, target, d, use_head=use_head, candidate_k=candidate_k, timer=timer)
     return speculative_loop(target, propose, input_ids, max_new_tokens, d.block_size, d.target_layer_ids,
                             stop_token_ids=stop_token_ids, timer=timer)
-
-# %% ../nbs/30_decode.ipynb #a148e607
-def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128, **kwargs) -> dict:
-    "`domino_research.evaluation.evaluate_draft` (imported on call: `evaluation` builds on this module)."
-    from domino_research.evaluation import evaluate_draft as _evaluate
-    return _evaluate(draft_dir, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens, **kwargs)

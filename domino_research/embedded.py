@@ -62,7 +62,7 @@ def verify_manifest(out_dir: Path = EMBEDDED_DIR) -> dict:
     out_dir = Path(out_dir)
     mpath = out_dir / MANIFEST_NAME
     if not mpath.exists():
-        raise FileNotFoundError(f"{mpath} is missing: rebuild with `python -m domino_research.embedded build --out {out_dir}`")
+        raise FileNotFoundError(f"{mpath} is missing: rebuild with `python -m domino_research.embedded_build --out {out_dir}`")
     man = json.loads(mpath.read_text())
     for rel, meta in man["files"].items():
         p = out_dir / rel
@@ -80,7 +80,7 @@ def _load(path: Path):
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path}/config.json does not exist: no embedded target there; "
-                                "build it with `python -m domino_research.embedded build --out DIR`")
+                                "build it with `python -m domino_research.embedded_build --out DIR`")
     import torch  # here, not at the top: importing this module stays light
     from transformers import AutoTokenizer
     from domino_research.target import load_target
@@ -113,14 +113,13 @@ def embedded_mask_token_id(root: Path = EMBEDDED_DIR) -> int:
 
 # %% ../nbs/13_embedded.ipynb #e000000b
 def main(argv=None):
-    "`python -m domino_research.embedded verify [--dir DIR]` / `build --out DIR [--steps N] [--stages a,b]` (see `build -h`)."
+    "`python -m domino_research.embedded verify [--dir DIR]`; building is `python -m domino_research.embedded_build`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["build"]:
-        from domino_research.embedded_build import main as build_main
-        return build_main(argv[1:])
-    ap = argparse.ArgumentParser(prog="python -m domino_research.embedded", description="Build or verify the embedded default.")
+    if argv[:1] == ["build"]:   # the builder is its own module (notebook 14): say where, rather than import forward
+        print("error: building moved to its own module: python -m domino_research.embedded_build --out DIR ...", file=sys.stderr)
+        sys.exit(2)
+    ap = argparse.ArgumentParser(prog="python -m domino_research.embedded", description="Verify the embedded default.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build the embedded default into --out (about 30 min on 2 CPU cores; options: build -h)")
     v = sub.add_parser("verify", help="check sizes and sha256 of a build against its MANIFEST.json")
     v.add_argument("--dir", type=Path, default=EMBEDDED_DIR)
     a = ap.parse_args(argv)

@@ -22,7 +22,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
+from .config import signature_defaults
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, read_jsonl, tokenize_chat
+from .regenerate import meta_path, regenerate
 from .embedded import (
     EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path, load_embedded_target, write_manifest)
 
@@ -200,7 +202,6 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return path
 
-
 # %% ../nbs/14_embedded_build.ipynb #ffd2ed16
 EOT, IM_START, IM_END = QWEN3_SPECIAL_TOKENS  # the Qwen3 conventions of `data`
 THINK, END_THINK = "<think>", "</think>"
@@ -301,7 +302,6 @@ def length_batches(lengths: list[int], max_tokens: int, seed: int) -> list[list[
         batches.append(cur)
     random.Random(seed).shuffle(batches)
     return batches
-
 
 # %% ../nbs/14_embedded_build.ipynb #e0000015
 def _assistant_positions(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
@@ -427,7 +427,6 @@ def _stage_tokenizer(out_dir, vocab_size, log):
 
 # %% ../nbs/14_embedded_build.ipynb #a679d3ef
 def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows, max_train_rows, log):
-    from domino_research.regenerate import meta_path, regenerate  # absolute: this cell also runs inside the notebook
     model, tok = load_embedded_target(out_dir)
     for split in ("test", "validation", "train"):  # held-out sets first: they are the ones every measurement uses
         rows = fit_rows(tok, read_jsonl(corpus_path(out_dir, split)), seq_length)[:max_rows]
@@ -527,18 +526,19 @@ def _stages(text: str) -> tuple[str, ...]:
 
 
 def main(argv=None):
-    "`python -m domino_research.embedded build --out DIR [--steps N] [--stages a,b]` (also `python -m domino_research.embedded_build`)."
-    b = argparse.ArgumentParser(prog="python -m domino_research.embedded build",
+    "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
+    d = signature_defaults(build_embedded)                                # the defaults are the function's
+    b = argparse.ArgumentParser(prog="python -m domino_research.embedded_build", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 description="Build the embedded default into --out (about 30 min on 2 CPU cores).")
     b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--corpus", default=str(EMBEDDED_DIR), help='a build folder to copy the corpus from, or "stdlib"')
-    b.add_argument("--steps", type=int, default=1400)
-    b.add_argument("--vocab_size", type=int, default=384)
-    b.add_argument("--lr", type=float, default=3e-3)
-    b.add_argument("--max_train_seconds", type=float, default=None, help="stop training early past this (shared machines)")
-    b.add_argument("--max_new_tokens", type=int, default=256)
-    b.add_argument("--max_train_rows", type=int, default=None, help="regenerate at most this many training rows")
-    b.add_argument("--stages", type=_stages, default=STAGES, help=f"comma-separated subset of {','.join(STAGES)}")
+    b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
+    b.add_argument("--steps", type=int, default=d["steps"])
+    b.add_argument("--vocab_size", type=int, default=d["vocab_size"])
+    b.add_argument("--lr", type=float, default=d["lr"])
+    b.add_argument("--max_train_seconds", type=float, default=d["max_train_seconds"], help="stop training early past this (shared machines)")
+    b.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
+    b.add_argument("--max_train_rows", type=int, default=d["max_train_rows"], help="regenerate at most this many training rows")
+    b.add_argument("--stages", type=_stages, default=d["stages"], help=f"comma-separated subset of {','.join(STAGES)}")
     b.add_argument("--threads", type=int, default=2)
     a = b.parse_args(argv)
     torch.set_num_threads(a.threads)

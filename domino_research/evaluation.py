@@ -15,7 +15,9 @@ from .config import dumps_strict
 from .data import ChatDataError, _read_jsonl, normalize_chat_row
 from .decode import StepTimer, check_draft_fits, greedy_generate, speculative_generate
 from .draft import DFlashDraftModel
-from .export import load_draft
+from .embedded import embedded_dataset_path, load_embedded_target
+from .export import find_draft_dir, load_draft
+from .target import load_target
 
 # %% auto #0
 __all__ = ['prompt_messages', 'load_prompts', 'encode_prompt', 'stop_token_ids', 'evaluate_draft', 'plot_eval', 'write_eval',
@@ -62,13 +64,10 @@ def _load_target(target):
     "(model, tokenizer) from None (embedded default), a path, or a (model, tokenizer) pair."
     if isinstance(target, (tuple, list)): return target
     if target is None:
-        from domino_research.embedded import load_embedded_target
         return load_embedded_target()
-    from domino_research.target import load_target
     return load_target(target), AutoTokenizer.from_pretrained(str(target))
 
 def _default_prompts():
-    from domino_research.embedded import embedded_dataset_path
     return embedded_dataset_path("test")
 
 def _sum_stats(stats: list[dict]) -> dict:
@@ -190,7 +189,6 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
     "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
-        from domino_research.export import find_draft_dir
         draft = find_draft_dir(draft)
     res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                          candidate_ks=tuple(candidate_k or ()))

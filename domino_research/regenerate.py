@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
-from .config import looks_local
+from .config import looks_local, signature_defaults
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row
+from .target import check_target_path, load_target
 
 # %% auto #0
 __all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'regenerate', 'main']
@@ -239,18 +240,17 @@ def _parse_args(argv=None):
     p.add_argument("--data", required=True, help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
-    p.add_argument("--max_new_tokens", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (used when temperature > 0)")
-    p.add_argument("--batch_size", type=int, default=8)
+    d = signature_defaults(regenerate)                                    # the defaults are the function's
+    p.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
+    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
+    p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed (used when temperature > 0)")
+    p.add_argument("--batch_size", type=int, default=d["batch_size"])
     p.add_argument("--enable_thinking", action="store_true", help="let a Qwen3 target think (default: thinking off)")
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return p.parse_args(argv)
 
 def main(argv=None) -> dict:
-    from transformers import AutoTokenizer
-    from domino_research.target import check_target_path, load_target
     a = _parse_args(argv)
     _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
     if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")

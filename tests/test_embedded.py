@@ -41,8 +41,11 @@ def test_import_does_not_load_the_builder():
     assert out.stdout.strip() == "[]", out.stdout
 
 
-def test_cli_build_is_forwarded_to_the_builder(tmp_path):
-    cmd = [sys.executable, "-m", "domino_research.embedded", "build"]
+def test_cli_build(tmp_path):
+    old = subprocess.run([sys.executable, "-m", "domino_research.embedded", "build", "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert old.returncode == 2 and "python -m domino_research.embedded_build" in old.stderr, old.stderr   # says where it went
+    cmd = [sys.executable, "-m", "domino_research.embedded_build"]
     out = subprocess.run(cmd + ["-h"], capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode == 0 and "--max_train_seconds" in out.stdout, out.stderr
     out = subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--stages", "corpus,tokenizr"], capture_output=True,
