@@ -458,8 +458,10 @@ class TrainDFlashRecipe:
         return self
 
     def close(self):
-        "Release the run name (also released when the process ends, however it ends)."
-        if getattr(self, "lock", None) is not None: self.lock.release()
+        """Release the run name and end the run: trackers finished, process group destroyed (a gloo rank left with a
+        live group can abort at exit when its peer is gone first). The kernel releases the name too, however it ends."""
+        if getattr(self, "lock", None) is not None: self.lock.release(); self.lock = None
+        if getattr(self, "accelerator", None) is not None: self.accelerator.end_training()
 
 # %% ../nbs/34_train.ipynb #138aba61
 @patch
@@ -770,7 +772,6 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
         _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
         _write_json(run_dir / "summary.json", final)
     acc.wait_for_everyone()
-    if cfg.wandb_project: acc.end_training()
     return final
 
 @patch

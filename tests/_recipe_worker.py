@@ -15,3 +15,4 @@ elif mode == "train":
 else:
     raise SystemExit(f"unknown mode {mode}")
 (out_dir / f"rank{rank}.json").write_text(json.dumps({"world": recipe.accelerator.num_processes, **result}))
+recipe.close()
