@@ -595,7 +595,7 @@ def _weight_sum(self: TrainDFlashRecipe, batch) -> torch.Tensor:
     "Σw of the micro-batch's loss (notebook 01), known before the forward so the window can be normalised up front."
     _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
                             self.cfg.block_size, self.dflash.shift_label)
-    return loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum()      # 0-dim, on the device
+    return loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum().double()   # 0-dim, on the device; float64 like the window scale
 
 @patch
 def _reduce(self: TrainDFlashRecipe, values: list, op: str) -> list[float]:
@@ -686,7 +686,7 @@ def _train_window(self: TrainDFlashRecipe, window: list[list[int]], step: int) -
         last = i == len(batches) - 1
         with (acc.no_sync(self.model) if not last else nullcontext()):   # gradients sync once per window
             out = self._run_trainer_step(batch, self._features(batch))
-            acc.backward(out["loss"] * (w * acc.num_processes / total))
+            acc.backward(out["loss"] * (w * acc.num_processes / total).to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
         finite.append(torch.isfinite(out["loss"].detach()))
         for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, num, den)   # stays on the device
     ok = self._reduce(finite, "min")                  # one check per window, on every rank, before the update
