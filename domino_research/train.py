@@ -59,6 +59,7 @@ class DFlashTrainConfig:
     num_anchors: int = 512                     # blocks sampled per sample
     loss_decay_gamma: Optional[float] = 7.0    # None = no decay over slots
     attention_backend: str = "sdpa"            # "sdpa" | "flex_attention" (CUDA only)
+    gradient_checkpointing: bool = False       # recompute the draft layers in backward: less activation memory, more compute
     # -- optimisation
     micro_batch_size: int = 1
     grad_accumulation_steps: int = 1
@@ -318,7 +319,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
-RESUMABLE_KEYS = ("resume", "overwrite", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
+RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts")
 
@@ -546,6 +547,8 @@ def _build_draft(self: TrainDFlashRecipe):
         draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft")
     else:
         draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers))
+    if self.cfg.gradient_checkpointing:       # HF's layer-level checkpointing (non-reentrant: works under DDP and no_sync)
+        draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return draft.to(self.accelerator.device)
 
 @patch
