@@ -74,7 +74,7 @@ class DFlashTrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     # -- runtime
-    shard_target: bool = False                 # FSDP2-shard the target across ranks (CUDA, when it does not fit)
+    shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
     on_nonfinite: str = "stop"                 # "stop" | "skip" a window whose loss is NaN/inf
     # -- validation, checkpoints, logging
     eval_every_steps: Optional[int] = None     # also validates at the end of every epoch
@@ -535,11 +535,17 @@ def _check_has_anchors(self: TrainDFlashRecipe):
 @patch
 def _load_target(self: TrainDFlashRecipe):
     target = load_target(self.target_path, device=self.accelerator.device)
-    if self.cfg.shard_target and self.accelerator.num_processes > 1:
-        from torch.distributed.fsdp import fully_shard  # FSDP2: shard every decoder layer, then the rest
+    if self._sharded_target():
+        # FSDP2 on the decoder layers only, each gathered for its own forward. The embedding and the LM head, which the
+        # draft reads directly, stay whole on every rank: sharding the root would hand the draft DTensors it cannot use.
+        from torch.distributed.fsdp import fully_shard
         for layer in target.model.layers: fully_shard(layer)
-        fully_shard(target)
     return target
+
+@patch
+def _sharded_target(self: TrainDFlashRecipe) -> bool:
+    "Whether the target is sharded: then its forward is collective, and every rank must run each one."
+    return self.cfg.shard_target and self.accelerator.num_processes > 1
 
 @patch
 def _build_draft(self: TrainDFlashRecipe):
@@ -658,10 +664,16 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
     acc = self.accelerator
     self.trainer.eval()
     sums = EvalSums(self._eval_metric_names(), device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
-    for rows in epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False):
+    order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
+    sharded = self._sharded_target()
+    steps = int(-self._reduce([-len(order)], "min")[0]) if sharded else len(order)   # sharded: the most any rank has
+    for k in range(steps):
+        mine = k < len(order)
+        rows = order[k] if mine else [0]           # a rank out of rows still joins the sharded target's forward, on row 0
         batch = self._collate(self.eval_set, rows)
-        if not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
-        out = self._run_trainer_step(batch, self._features(batch), model=self.trainer)
+        feats = self._features(batch) if sharded else None                     # collective when sharded: every rank, every k
+        if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
+        out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=self.trainer)
         for name, (num, den) in self._eval_metric_sums(out).items():
             if name in sums.names: sums.add(name, num, den)
     sums.all_reduce(acc if acc.num_processes > 1 else None)

@@ -34,9 +34,12 @@ def train_cli(cfg_path, *args, timeout=300, **popen):
 
 
 # ------------------------------------------------------------------ multi-process symmetry
-def test_two_ranks_validation_equals_one_rank(tiny, tmp_path):
+@pytest.mark.parametrize("shard", [False, True])
+def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard):
+    "Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank."
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev"})
     one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
+    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard})
     two = run_worker("eval", cfg, tmp_path / "two", nproc=2)
     assert two[0]["world"] == 2 and one["world"] == 1
     keys = [k for k in one if k.startswith("eval/")]
@@ -45,14 +48,29 @@ def test_two_ranks_validation_equals_one_rank(tiny, tmp_path):
         for k in keys: assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
 
 
-def test_rank_without_validation_batch(tiny, tmp_path):
-    "One validation row, two ranks: rank 1 sees nothing, still joins the all-reduce and reports the same numbers."
+@pytest.mark.parametrize("shard", [False, True])
+def test_rank_without_validation_batch(tiny, tmp_path, shard):
+    """One validation row, two ranks: rank 1 sees nothing, still joins the all-reduce and reports the same numbers;
+    with a sharded target it also joins the one target forward (on a row it then drops)."""
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev1", "max_eval_samples": 1})
     one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
+    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev12", "max_eval_samples": 1, "shard_target": shard})
     two = run_worker("eval", cfg, tmp_path / "two", nproc=2, timeout=180)
     for r in two:
         for k in one:
             if k.startswith("eval/"): assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
+
+
+def test_sharded_target_trains_like_a_whole_one(tiny, tmp_path):
+    "Two ranks, 3 optimiser steps: the draft trained against an FSDP2-sharded target is bitwise the one trained against a whole target."
+    weights = {}
+    for shard in (False, True):
+        cfg = write_config(tmp_path / f"c{shard}.yaml", {**tiny["base"], "run_name": f"shard{shard}", "max_steps": 3,
+                           "output_dir": str(tmp_path / "runs"), "shard_target": shard})
+        ranks = run_worker("train", cfg, tmp_path / f"out{shard}", nproc=2, timeout=240)
+        assert [r["step"] for r in ranks] == [3, 3]
+        weights[shard] = load_file(tmp_path / "runs" / f"shard{shard}" / "draft" / "model.safetensors")
+    for k in weights[False]: assert torch.equal(weights[False][k], weights[True][k]), k
 
 
 def test_no_anchor_microbatch_on_one_rank_skipped_by_both(tiny, tmp_path):
