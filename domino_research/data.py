@@ -52,6 +52,7 @@ def normalize_chat_row(row: dict, where: str) -> dict:
         if _ROLES[role] == "assistant" and not content.strip():
             raise ChatDataError(f"{where}: turn {i} is an empty assistant turn; remove the row or fill in the answer")
         messages.append({"role": _ROLES[role], "content": content})
+        if _ROLES[role] == "assistant" and turn.get("cut"): messages[-1]["cut"] = True   # ended by max_new_tokens, not by the target
     return {"messages": messages}
 
 # %% ../nbs/11_data.ipynb #621d7e5b
@@ -155,7 +156,7 @@ def _check_chat_template(tokenizer):
                             "instruct tokenizer or set tokenizer.chat_template (a Jinja string) before building chat data")
 
 def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tuple[int, int]]:
-    "Character spans [start, end) in the rendered `text` of each assistant turn's content plus its end-of-turn token."
+    "Character spans [start, end) in the rendered `text` of each assistant turn's content plus its end-of-turn token (not for a `cut` turn)."
     spans, cursor = [], 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
@@ -169,7 +170,8 @@ def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tupl
         if match is None:
             raise ChatDataError(f"assistant turn {i} ({m['content'][:40]!r}...) followed by {eot!r} was not found in the "
                                 "chat template's rendering; the template rewrites assistant text, so the loss mask cannot be built")
-        spans.append((match.start(), match.end()))
+        # a cut answer never ended: the target did not say end-of-turn there, so the draft must not learn to
+        spans.append((match.start(), match.start() + len(content) if m.get("cut") else match.end()))
         cursor = match.end()
     return spans
 

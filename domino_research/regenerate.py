@@ -179,7 +179,7 @@ def _regenerate_batch(target, tokenizer, rows: list[dict], max_new_tokens, tempe
         for b, (text, n, finished) in zip(active, answers):
             stats["turns"] += 1; stats["new_tokens"] += n; stats["unfinished"] += not finished
             if not text.strip(): stats["empty_answers"] += 1; alive[b] = False; continue
-            history[b].append({"role": "assistant", "content": text})
+            history[b].append({"role": "assistant", "content": text, **({} if finished else {"cut": True})})   # cut: no end-of-turn label
     return history
 
 def _check_settings(max_new_tokens, temperature, batch_size):
