@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import hashlib
 import json
 import os
@@ -22,7 +23,8 @@ from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize
 from .target import check_target_path, load_target
 
 # %% auto #0
-__all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'regenerate', 'main']
+__all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'parse_shard',
+           'merge_shards', 'regenerate', 'main']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -158,14 +160,52 @@ def identity_diff(old: dict, new: dict) -> list[str]:
     for key, name in (("target_fingerprint", "target"), ("tokenizer_fingerprint", "tokenizer")):
         if old.get(key) != new[key]:
             diffs.append(f"{name}: was {old.get(name)!r} (fingerprint {old.get(key)}), now {new[name]!r} ({new[key]})")
-    for key in ("max_new_tokens", "temperature", "enable_thinking") + (("seed",) if new["temperature"] > 0 else ()):
-        if old.get(key) != new[key]: diffs.append(f"{key}: was {old.get(key)!r}, now {new[key]!r}")
+    for key in ("max_new_tokens", "temperature", "enable_thinking", "shard") + (("seed",) if new["temperature"] > 0 else ()):
+        was, now = old.get(key), new.get(key)
+        if key == "shard": was, now = was or "0/1", now or "0/1"       # no shard recorded: the whole data
+        if was != now: diffs.append(f"{key}: was {was!r}, now {now!r}")
     return diffs
 
 def _write_meta(path: Path, meta: dict):
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp, path)
+
+# %% ../nbs/12_regenerate.ipynb #b32c9783
+def parse_shard(spec) -> tuple[int, int]:
+    "`K/N` → `(K, N)`, 0 <= K < N."
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise ValueError(f"--shard: expected K/N with 0 <= K < N (e.g. 0/4, the first of 4 shards), got {spec!r}")
+    return int(m.group(1)), int(m.group(2))
+
+def merge_shards(shards, out_path) -> dict:
+    "Join the `--out` files of shards 0/N … N-1/N into `out_path` in row order (refusing gaps, overlaps, mixed settings)."
+    shards, out_path = [Path(s) for s in shards], Path(out_path)
+    metas = []
+    for s in shards:
+        if not s.is_file() or (m := _read_meta(meta_path(s))) is None:
+            raise ChatDataError(f"{s}: not a regenerate output with its {meta_path(s).name}; pass the --out files of the shards")
+        metas.append(m)
+    specs = [parse_shard(m.get("shard", "0/1")) for m in metas]
+    n = specs[0][1]
+    if sorted(k for k, _ in specs) != list(range(n)) or any(nn != n for _, nn in specs):
+        raise ChatDataError(f"--merge: need each of the shards 0/{n} … {n - 1}/{n} once, got {', '.join(f'{k}/{nn}' for k, nn in specs)}")
+    for s, m in zip(shards[1:], metas[1:]):
+        if (diffs := identity_diff({**metas[0], "shard": None}, {**m, "shard": None})):
+            raise ChatDataError(f"{s}: generated with other settings than {shards[0]} ({'; '.join(diffs)})")
+    recs, seen = [], {}
+    for s in shards:
+        for n_line, line in enumerate(s.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip(): continue
+            rec = json.loads(line)
+            if rec["index"] in seen: raise ChatDataError(f"{s} line {n_line}: row {rec['index']} is also in {seen[rec['index']]}")
+            seen[rec["index"]] = s; recs.append(rec)
+    recs.sort(key=lambda r: r["index"])
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8"); os.replace(tmp, out_path)
+    _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1"})
+    return {"rows": len(recs), "shards": n, "out": str(out_path)}
 
 # %% ../nbs/12_regenerate.ipynb #c1ad9b6f
 def _regenerate_batch(target, tokenizer, rows: list[dict], max_new_tokens, temperature, enable_thinking, stats) -> list[list[dict]]:
@@ -194,31 +234,36 @@ def _read_meta(mpath: Path) -> dict | None:
                             "unchecked, or use a new --out") from None
 
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
-               enable_thinking: bool = False, seed: int = 0, progress: bool = True) -> dict:
+               enable_thinking: bool = False, seed: int = 0, progress: bool = True, shard: str = "0/1") -> dict:
     "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the target's answer; append JSONL to `out_path`, resumably. Returns stats."
     _check_settings(max_new_tokens, temperature, batch_size)
     _check_chat_template(tokenizer)
     rows = load_chat_rows(rows)  # validates every row before anything is written
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    meta = run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed)
+    k, n = parse_shard(shard)
+    meta = {**run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed), "shard": f"{k}/{n}"}
     old = _read_meta(mpath)
+    if old is not None: old.setdefault("shard", "0/1")          # written before shards existed: the whole data
     has_rows = out_path.is_file() and out_path.stat().st_size > 0
     if has_rows and old is not None and (diffs := identity_diff(old, meta)):
         raise ChatDataError(f"{out_path}: its rows were generated with other settings ({'; '.join(diffs)}); use a new --out, "
                             f"or resume with the settings recorded in {mpath}")
+    mine = range(k, len(rows), n)                       # this shard's rows: every n-th from k; indices stay global
     done = _read_done(out_path, rows)
+    if (other := sorted(i for i in done if i % n != k)):
+        raise ChatDataError(f"{out_path}: holds rows {other[:5]} of another shard than {k}/{n}; use this shard's own --out")
     if has_rows and old is None: print(f"{out_path}: no {mpath.name} (written by an older version): resuming unchecked")
     if old != meta: _write_meta(mpath, meta)   # before the first row
-    stats = dict(rows=len(rows), already_done=len(done), written=0, turns=0, new_tokens=0, empty_answers=0, unfinished=0)
+    stats = dict(rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, empty_answers=0, unfinished=0)
     t0 = time.time()
-    with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(rows), initial=len(done), desc="regenerate",
+    with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(mine), initial=len(done), desc="regenerate",
                                                           unit="row", disable=not progress) as bar:
-        for b0 in range(0, len(rows), batch_size):
-            idx = range(b0, min(b0 + batch_size, len(rows)))
+        for b0 in range(0, len(mine), batch_size):
+            idx = mine[b0: b0 + batch_size]
             if all(i in done for i in idx): continue
             with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
-                torch.manual_seed(seed + b0)
+                torch.manual_seed(seed + idx[0])              # = seed + b0 unsharded, as before
                 convs = _regenerate_batch(target, tokenizer, [rows[i] for i in idx], max_new_tokens, temperature, enable_thinking, stats)
             for i, messages in zip(idx, convs):
                 if i in done: continue
@@ -235,9 +280,9 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
 # %% ../nbs/12_regenerate.ipynb #eb69313d
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
-    p.add_argument("--target", required=True, help="target model folder (or hub id), loaded with AutoModelForCausalLM")
+    p.add_argument("--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --merge)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target)")
-    p.add_argument("--data", required=True, help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
+    p.add_argument("--data", help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
     d = signature_defaults(regenerate)                                    # the defaults are the function's
@@ -248,10 +293,15 @@ def _parse_args(argv=None):
     p.add_argument("--enable_thinking", action="store_true", help="let a Qwen3 target think (default: thinking off)")
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--shard", default=d["shard"], help="K/N: regenerate rows K, K+N, K+2N, ... only (one process or host each)")
+    p.add_argument("--merge", nargs="+", metavar="SHARD", help="merge the --out files of all K/N shards into --out, in row order")
     return p.parse_args(argv)
 
 def main(argv=None) -> dict:
     a = _parse_args(argv)
+    if a.merge: return merge_shards(a.merge, a.out)
+    if a.target is None or a.data is None: raise ValueError("--target and --data are required (or --merge SHARD ... --out OUT)")
+    parse_shard(a.shard)
     _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
     if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")
     rows = load_chat_rows(a.data, split=a.split)[:a.limit]
@@ -261,7 +311,7 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target)
     target = load_target(a.target, device=a.device)
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                      batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed)
+                      batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed, shard=a.shard)
 
 # %% ../nbs/12_regenerate.ipynb #70896f72
 #| eval: false

@@ -101,7 +101,8 @@ def test_cli_resume_with_another_target_or_settings_is_refused(target_dir, tmp_p
     assert "(1 already done)" in r.stdout and out.read_text().startswith(written)
 
 
-@pytest.mark.parametrize("case", ["missing_local", "no_config", "no_weights", "binary_data", "no_suffix", "bad_setting"])
+@pytest.mark.parametrize("case", ["missing_local", "no_config", "no_weights", "binary_data", "no_suffix", "bad_setting",
+                                  "bad_shard", "merge_one_shard"])
 def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
     data, out = tmp_path / "data.jsonl", tmp_path / "out.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -115,6 +116,12 @@ def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
     if case == "no_suffix": data = tmp_path / "data"; data.write_text(json.dumps(ROWS[0]) + "\n"); needle = "unknown chat data file type"
     extra = ["--max_new_tokens", 0] if case == "bad_setting" else []
     if case == "bad_setting": needle = "max_new_tokens must be >= 1"
+    if case == "bad_shard": extra, needle = ["--shard", "3/2"], "--shard: expected K/N with 0 <= K < N"
+    if case == "merge_one_shard":                                # a shard's output, merged without its sibling
+        assert run_cli("--target", target, "--data", data, "--out", tmp_path / "s0.jsonl", "--shard", "0/2").returncode == 0
+        r = run_cli("--merge", tmp_path / "s0.jsonl", "--out", out)
+        assert_one_line_error(r, "need each of the shards 0/2")
+        assert not out.exists(); return
     r = run_cli("--target", target, "--data", data, "--out", out, *extra)
     assert_one_line_error(r, needle)
     assert not out.exists()
