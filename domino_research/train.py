@@ -36,7 +36,7 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMA
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'RunLock',
            'replaced_dir', 'set_aside', 'settle_run_dir', 'check_wandb', 'epoch_order', 'NonFiniteLossError',
-           'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+           'TrainDFlashRecipe', 'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -449,6 +449,7 @@ class TrainDFlashRecipe:
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2))
         self.total_steps = self._count_total_steps()
+        if self.accelerator.is_main_process: print(format_memory(estimate_memory(self)), flush=True)
         # not accelerator.prepare'd: accelerate steps a prepared scheduler once per process, which would change the
         # LR trajectory with the number of ranks.
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
@@ -573,6 +574,28 @@ def _count_total_steps(self: TrainDFlashRecipe) -> int:
     micro = len(epoch_order(len(self.train_set), cfg.seed, 0, 0, acc.num_processes, cfg.micro_batch_size, pad=True))
     steps = math.ceil(micro / cfg.grad_accumulation_steps) * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+# %% ../nbs/34_train.ipynb #966bf1f3
+def estimate_memory(recipe) -> dict:
+    "GiB per rank, estimated from the sizes alone: draft (weights, grads, AdamW), target, activations of one micro-batch."
+    cfg, acc, tc = recipe.cfg, recipe.accelerator, recipe.target_config
+    GiB, H = 2 ** 30, tc.hidden_size
+    trainable = sum(p.numel() for p in recipe.draft.parameters() if p.requires_grad)
+    target_params = sum(p.numel() for p in recipe.target.parameters())
+    tgt_bytes = target_params * next(recipe.target.parameters()).element_size()
+    if cfg.shard_target and acc.num_processes > 1: tgt_bytes /= acc.num_processes
+    act_bytes = 2 if acc.mixed_precision == "bf16" else 4
+    t = cfg.micro_batch_size * cfg.num_anchors * cfg.block_size                     # block tokens of one micro-batch
+    per_layer = (2 if cfg.gradient_checkpointing else 34) * t * H * act_bytes / 2   # 34·t·H bytes at 16 bit
+    feats = cfg.micro_batch_size * cfg.seq_length * len(recipe.dflash.target_layer_ids) * H * act_bytes
+    ce = min(recipe.trainer.ce_chunk_size, t) * tc.vocab_size * 4
+    acts = cfg.draft_num_hidden_layers * per_layer + feats + ce
+    out = {"draft": 16 * trainable / GiB, "target": tgt_bytes / GiB, "activations": acts / GiB}
+    return {**out, "total": sum(out.values())}
+
+def format_memory(m: dict) -> str:
+    return ("memory per rank (estimate): " + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total")
+            + f"; total ≈ {m['total']:.2f} GiB")
 
 # %% ../nbs/34_train.ipynb #953e54f4
 @patch
