@@ -20,7 +20,7 @@ from .config import looks_local
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
            'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask',
-           'build_chat_dataset', 'collate_chat']
+           'build_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -232,3 +232,28 @@ def collate_chat(batch: list[dict], pad_token_id: int) -> dict:
         out["loss_mask"][b, :n] = torch.as_tensor(ex["loss_mask"])
         out["attention_mask"][b, :n] = 1
     return out
+
+# %% ../nbs/11_data.ipynb #41cf715d
+def line_loop(text: str, repeats: int = 3) -> bool:
+    "A non-empty line `repeats` times in a row anywhere in `text`; a cut last line that is a prefix of the line counts."
+    ls = [l.rstrip() for l in text.split("\n")]
+    if ls and not text.endswith("\n") and len(ls) > 1 and ls[-1] and ls[-2].startswith(ls[-1]): ls[-1] = ls[-2]   # cut mid-line
+    run = 1
+    for prev, cur in zip(ls, ls[1:]):
+        run = run + 1 if cur and cur == prev else 1
+        if run >= repeats: return True
+    return False
+
+def token_cycle(ids, max_period: int = 8, repeats: int = 3) -> bool:
+    "A block of 1..`max_period` token ids repeated `repeats` times in a row: ids[j] == ids[j+p] for p·(repeats-1) j's in a row."
+    ids = list(ids)
+    for p in range(1, max_period + 1):
+        run = 0
+        for j in range(len(ids) - p):
+            run = run + 1 if ids[j] == ids[j + p] else 0
+            if run >= p * (repeats - 1): return True
+    return False
+
+def loops(text: str, ids) -> bool:
+    "Whether an answer loops: a line loop in its text or a token cycle in its ids."
+    return line_loop(text) or token_cycle(ids)

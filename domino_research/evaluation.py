@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .config import dumps_strict
-from .data import ChatDataError, _read_jsonl, normalize_chat_row
+from .data import ChatDataError, _read_jsonl, loops, normalize_chat_row
 from .decode import StepTimer, check_draft_fits, greedy_generate, speculative_generate
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
@@ -117,7 +117,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     for i, ids in enumerate(enc):
         t0 = time.perf_counter(); ref = greedy_generate(model, ids, max_new_tokens, stops); secs["greedy"] += time.perf_counter() - t0
         n_tokens += len(ref)
-        row = dict(prompt_tokens=ids.shape[1], new_tokens=len(ref))
+        row = dict(prompt_tokens=ids.shape[1], new_tokens=len(ref), loops=loops(tok.decode(ref), ref))
         for name, kw in variants.items():
             timer = StepTimer(sync=dev.type == "cuda")
             t0 = time.perf_counter()
@@ -126,6 +126,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
             if name == "spec": timers.append(timer)
             stats[name].append(st)
             row[f"tau_{name}"], row[f"lossless_{name}"] = st["tau"], toks == ref
+            row[f"committed_{name}"], row[f"verify_steps_{name}"] = st["committed"], st["verify_steps"]
             lossless &= toks == ref
         per_prompt.append(row)
         if verbose: print(f"prompt {i}: {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")
@@ -144,7 +145,18 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                device=str(dev), dtype=str(next(draft.parameters()).dtype).replace("torch.", ""),
                torch_threads=torch.get_num_threads())
     if d.is_domino: res["base_tokens_per_s"] = n_tokens / secs["base"]
+    res.update(_tau_by_loops(per_prompt, variants))
     return res
+
+def _tau_by_loops(rows: list[dict], variants) -> dict:
+    "τ of each variant over the prompts whose target continuation loops, and over the others (None where there are none)."
+    out = {"n_looping": sum(r["loops"] for r in rows)}
+    for name in variants:
+        for label, keep in (("looping", True), ("non_looping", False)):
+            sel = [r for r in rows if r["loops"] == keep]
+            steps = sum(r[f"verify_steps_{name}"] for r in sel)
+            out[f"tau_{'' if name == 'spec' else name + '_'}{label}"] = sum(r[f"committed_{name}"] for r in sel) / steps if steps else None
+    return out
 
 # %% ../nbs/32_evaluation.ipynb #61647440
 def plot_eval(res: dict, out_dir) -> list[Path]:
