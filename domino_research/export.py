@@ -64,8 +64,8 @@ def find_draft_dir(run_or_checkpoint) -> Path:
     "The folder holding a saved draft inside a run dir, a checkpoint dir, or a draft dir itself."
     p = Path(run_or_checkpoint)
     if not p.is_dir(): raise FileNotFoundError(f"{p}: no such directory (expected a run, checkpoint or draft folder)")
-    for cand in (p, p / "draft"):
-        if (cand / "config.json").is_file(): return cand
+    for cand in (p, p / "draft"):   # weights beside config.json: a checkpoint's own config.json is the run's, not a draft's
+        if (cand / "config.json").is_file() and any(cand.glob("*.safetensors")): return cand
     ckpts = sorted((c.parent.parent for c in (p / "checkpoints").glob("step-*/draft/config.json")), key=_step_of)
     if ckpts: return ckpts[-1] / "draft"
     raise FileNotFoundError(f"{p}: no draft found. Looked for {p}/config.json, {p}/draft/config.json and "

@@ -26,7 +26,7 @@ from .loss import WindowSums, lambda_base_schedule
 from .reduce import EvalSums
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import embedded_dataset_path, embedded_target_path
-from .evaluation import evaluate_draft, plot_eval
+from .evaluation import evaluate_draft, load_prompts, plot_eval
 from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
 
 # %% auto #0
@@ -35,8 +35,9 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMA
            'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'RunLock',
-           'replaced_dir', 'set_aside', 'settle_run_dir', 'check_wandb', 'epoch_order', 'NonFiniteLossError',
-           'TrainDFlashRecipe', 'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+           'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb', 'epoch_order',
+           'NonFiniteLossError', 'TrainDFlashRecipe', 'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main',
+           'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -118,11 +119,14 @@ def check_run_name(name) -> str:
     plain = isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".") \
             and not any(c in name for c in "/\\\0")
     _check(plain, "run_name", f"must be one plain folder name such as 'demo' (got {name!r}); put parent folders in output_dir")
+    _check(len(name.encode()) <= 200, "run_name", f"must be at most 200 bytes (got {len(name.encode())}); choose a shorter name")
     return name
 
 def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     "Checks on values that need no model; each error names its key."
     check_run_name(cfg.run_name)
+    _check(not (cfg.overwrite and cfg.resume == "latest"), "overwrite",
+           "cannot be combined with resume=latest: resume continues the run, overwrite replaces it; pass one of them")
     _check(cfg.block_size >= 2, "block_size", f"must be >= 2 (got {cfg.block_size})")
     _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
     _check(cfg.mask_token_id is not None, "mask_token_id", "is required (a reserved token id of the target, e.g. 151669 for Qwen3)")
@@ -228,7 +232,7 @@ def read_metrics(path) -> list[dict]:
     for n, line in enumerate(lines, 1):
         if not line.strip(): continue
         try: rows.append(json.loads(line))
-        except ValueError: warnings.warn(f"{path}:{n}: dropping a torn line (its writer was killed mid-line)", stacklevel=2)
+        except ValueError: warnings.warn(f"{path}:{n}: dropping a line that is not JSON (torn by a killed writer, or edited by hand)", stacklevel=2)
     return rows
 
 def _export_draft(draft, out: Path):
@@ -290,6 +294,8 @@ def checkpoint_damage(path) -> Optional[str]:
         return f"{path / 'files.json'} is missing" if not (path / "state.pt").is_file() else None  # older format: no manifest
     try: files = json.loads((path / "files.json").read_text())
     except (ValueError, UnicodeDecodeError): return f"{path / 'files.json'} is not valid JSON"
+    if not isinstance(files, dict) or not all(isinstance(v, int) for v in files.values()):
+        return f"{path / 'files.json'} is not a list of files and sizes"
     for name, size in files.items():
         f = path / name
         if not f.is_file(): return f"{f} is missing"
@@ -306,6 +312,11 @@ def load_checkpoint_state(path) -> dict:
     except (RuntimeError, EOFError, OSError) as e:
         raise ConfigError(f"resume: {f} is damaged ({str(e).splitlines()[0][:160]}); resume from another checkpoint") from None
 
+def _step_dirs(run_dir) -> list[Path]:
+    ck = Path(run_dir) / "checkpoints"
+    steps = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)] if ck.is_dir() else []
+    return sorted(steps, key=lambda p: int(p.name.split("-")[1]))
+
 def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     "The checkpoint `resume` names: `latest` = the newest intact one of `run_dir` (None if none), else a checkpoint dir."
     if resume != "latest":
@@ -314,8 +325,9 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
             raise ConfigError(f"resume: {path} is not a checkpoint (no state.pt); pass a checkpoints/step-N folder or 'latest'")
         if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
         return path
-    for path in reversed(list_checkpoints(run_dir)):
-        if not (damage := checkpoint_damage(path)): return path
+    for path in reversed(_step_dirs(run_dir)):       # also those a file is missing from: they are named, not passed over
+        if not (damage := checkpoint_damage(path)) and (path / "state.pt").is_file(): return path
+        damage = damage or f"{path / 'state.pt'} is missing"
         warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
@@ -377,10 +389,43 @@ def settle_run_dir(run_dir) -> str:
     run_dir, old = Path(run_dir), replaced_dir(run_dir)
     if not old.exists(): return "clean"
     if list_checkpoints(run_dir):                 # the replacement saved: the old run is no longer needed
-        shutil.rmtree(old); return "replaced"
+        old.unlink() if old.is_symlink() else shutil.rmtree(old)   # a link goes, never what it points to
+        return "replaced"
     shutil.rmtree(run_dir, ignore_errors=True)    # the replacement's own partial output (no checkpoint)
     os.replace(old, run_dir)
     return "restored"
+
+def _inside(path, run_dir) -> bool:
+    "Whether checkpoint `path` (a `resume` value) lies in `run_dir` (`latest` always does)."
+    if path is None: return False
+    return path == "latest" or Path(run_dir).resolve() in Path(path).resolve().parents
+
+_RUN_FILES = {"config.yaml", "metrics.jsonl", "checkpoints", "plots"}   # what a run writes before its first checkpoint
+
+def check_reuse(run_dir, cfg):
+    "Refuse every way an existing folder could be written over without `overwrite`, or one that is not a run with it."
+    run_dir = Path(run_dir)
+    if not (run_dir.is_dir() and any(run_dir.iterdir())): return
+    if cfg.overwrite:
+        if run_dir.is_symlink():
+            raise ConfigError(f"run_name: {run_dir} is a symbolic link; overwrite replaces run folders only: choose another run_name")
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"run_name: {run_dir} is not a training run (no config.yaml), and overwrite replaces runs only; "
+                              "choose another run_name or output_dir")
+        return
+    again = "pass overwrite=true to replace it (the old run is kept until the new one has saved), or choose another run_name"
+    if cfg.resume is None:
+        raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, {again}")
+    if not _inside(cfg.resume, run_dir):
+        raise ConfigError(f"resume: {cfg.resume} is another run's checkpoint and {run_dir} already exists: a resumed fork "
+                          f"needs its own run folder; {again}")
+    if cfg.resume == "latest" and not list_checkpoints(run_dir):     # nothing to resume: only a run's own start may restart
+        extra = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_FILES and not p.name.startswith("."))
+        damaged = [p.name for p in _step_dirs(run_dir)]
+        if extra or damaged:
+            what = f"its checkpoints {damaged} are damaged" if damaged else f"it holds {extra} and no checkpoint"
+            raise ConfigError(f"resume: {run_dir} has nothing to resume from ({what}); starting it again would write over "
+                              f"it: {again}")
 
 # %% ../nbs/34_train.ipynb #f7a3c25d
 def check_wandb(timeout: float = 30.0):
@@ -443,6 +488,7 @@ class TrainDFlashRecipe:
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
         self._check_has_anchors()
+        if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         self.draft = self._build_draft()
         self.trainer = self._build_trainer_module()
@@ -482,10 +528,7 @@ def _claim_run_dir(self: TrainDFlashRecipe):
             self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"run_name: {run_dir} exists and is not a folder; choose another run_name")
-        if cfg.resume is None and run_dir.exists() and any(run_dir.iterdir()) and not cfg.overwrite:
-            raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, "
-                              "overwrite=true to replace it (the old run is kept until the new one has saved), "
-                              "or choose another run_name")
+        check_reuse(run_dir, cfg)
     acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
 
 # %% ../nbs/34_train.ipynb #d60f9a2a
@@ -502,6 +545,9 @@ def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
     cfg = self.cfg
     if cfg.resume is None: return None
     path = resume_checkpoint(cfg.run_dir, cfg.resume)
+    if path is None and _step_dirs(cfg.run_dir):       # every checkpoint damaged: never a silent restart over them
+        raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
+                          "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
     if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
     check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
     check_resumed_config(path, self.cfg)
@@ -522,6 +568,12 @@ def _build_datasets(self: TrainDFlashRecipe):
         if len(ds) == 0: raise ConfigError(f"{key}: {source} has no row with a supervised token within seq_length={cfg.seq_length}")
         out.append(ds)
     return tuple(out)
+
+@patch
+def _check_decode_prompts(self: TrainDFlashRecipe):
+    "The prompts of the decoding evaluation that follows training load."
+    try: load_prompts(resolve_data_path(self.cfg.decode_prompts or "embedded:test"))
+    except (ChatDataError, OSError) as e: raise ConfigError(f"decode_prompts: {' '.join(str(e).split())}") from None
 
 @patch
 def _check_has_anchors(self: TrainDFlashRecipe):
@@ -749,13 +801,16 @@ def run(self: TrainDFlashRecipe) -> dict:
     run_dir, acc = self.cfg.run_dir, self.accelerator
     self.replaced, created = None, False
     if acc.is_main_process:
-        if self.cfg.overwrite and self.cfg.resume is None: self.replaced = set_aside(run_dir)
+        if self.cfg.overwrite and not _inside(self.cfg.resume, run_dir): self.replaced = set_aside(run_dir)
         created = not run_dir.exists()
     acc.wait_for_everyone()
     try:
         if acc.is_main_process:
             run_dir.mkdir(parents=True, exist_ok=True)
-            _write_text(run_dir / "config.yaml", yaml.safe_dump(dataclasses.asdict(self.cfg), sort_keys=False))
+            # the run's settings; `overwrite` and `resume` were this invocation's actions, so a copy of this file used as
+            # --config never repeats them
+            saved = {**dataclasses.asdict(self.cfg), "overwrite": False, "resume": None}
+            _write_text(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
             if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
         return self._train(run_dir)

@@ -257,3 +257,59 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 13)), (seed, log)
     assert len(log) == 10
     print(f"fault matrix seed {seed}: {log}")
+
+
+# ------------------------------------------------------------------ found by a careless-user pass
+def test_resume_latest_never_restarts_over_a_finished_run(trained, tmp_path):
+    "Checkpoints deleted to save disk: `--resume latest` must not start over on top of the draft, summary and plots."
+    import shutil
+    shutil.rmtree(trained["runs"] / "old" / "checkpoints")
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest"), "nothing to resume from", "draft")
+    assert snapshot(tmp_path) == before
+
+
+def test_resume_latest_with_every_checkpoint_damaged_refuses(trained, tmp_path):
+    for ck in (trained["runs"] / "old" / "checkpoints").iterdir():
+        f = ck / "state.pt"; f.write_bytes(f.read_bytes()[:100])
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest"), "every checkpoint", "damaged")
+    assert snapshot(tmp_path) == before
+
+
+def test_saved_config_reused_does_not_overwrite(trained, tmp_path):
+    "A run's config.yaml used as --config: it records no overwrite, so the run it came from is refused, not replaced."
+    import yaml
+    saved = yaml.safe_load((trained["runs"] / "old" / "config.yaml").read_text())
+    assert saved["overwrite"] is False and saved["resume"] is None
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(str(trained["runs"] / "old" / "config.yaml"), "--learning_rate", "0.01"), "already exists")
+    assert snapshot(tmp_path) == before
+
+
+def test_foreign_checkpoint_into_an_existing_run_refused(trained, tmp_path):
+    p = train_cli(trained["cfg"], "--run_name", "src"); assert p.returncode == 0, p.stderr[-2000:]
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", str(trained["runs"] / "src" / "checkpoints" / "step-2")),
+                   "another run's checkpoint")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", ["not_a_run", "symlink"])
+def test_overwrite_replaces_runs_only(trained, tmp_path, case):
+    precious = tmp_path / "precious"; precious.mkdir(); (precious / "thesis.tex").write_text("important\n")
+    if case == "not_a_run": (trained["runs"] / "notes").mkdir(); (trained["runs"] / "notes" / "thesis.tex").write_text("mine\n")
+    else: (trained["runs"] / "notes").symlink_to(precious)
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(trained["cfg"], "--run_name", "notes", "--overwrite", "true"),
+                   "not a training run" if case == "not_a_run" else "symbolic link")
+    assert snapshot(tmp_path) == before
+
+
+def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path):
+    before = snapshot(tmp_path)
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--overwrite", "true"), "overwrite")
+    one_line_error(train_cli(trained["cfg"], "--run_name", "a" * 300), "run_name", "at most 200 bytes")
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--decode_eval_prompts", "2",
+                             "--decode_prompts", str(tmp_path / "typo.jsonl")), "decode_prompts", "typo.jsonl")
+    assert snapshot(tmp_path) == before                            # the old run was not replaced by a doomed one
