@@ -18,6 +18,7 @@ import torch
 
 from .config import dumps_strict, signature_defaults
 from .evaluation import decode_bench
+from .target import check_device
 from .loss import chunked_dual_ce, naive_dual_ce
 
 # %% auto #0
@@ -177,6 +178,7 @@ def _add_loss_parser(sub):
                                                                  a.chunk_size, a.lambda_base, a.repeats))))
 
 def _cmd_loss(a):
+    check_device(a.device)
     r = bench_loss(a.tokens, a.vocab, a.hidden, a.emb, a.gru, a.dtype, a.device, a.chunk_size, a.lambda_base, a.repeats, a.variants)
     if a.json: print(dumps_strict(r)); return
     print(f"shape {r['shape']}")

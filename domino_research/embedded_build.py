@@ -12,6 +12,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import sysconfig
 import textwrap
 import time
@@ -541,11 +542,18 @@ def main(argv=None):
     b.add_argument("--stages", type=_stages, default=d["stages"], help=f"comma-separated subset of {','.join(STAGES)}")
     b.add_argument("--threads", type=int, default=2)
     a = b.parse_args(argv)
+    for key, low in (("threads", 1), ("steps", 1), ("max_new_tokens", 1), ("vocab_size", 256 + len(SPECIAL_TOKENS))):
+        if getattr(a, key) < low: b.error(f"--{key} must be >= {low} (got {getattr(a, key)})")   # bytes + specials
+    if a.out.exists() and not a.out.is_dir(): b.error(f"--out {a.out}: is a file; pass a folder")
     torch.set_num_threads(a.threads)
     log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)
-    return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
-                          max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows, max_train_seconds=a.max_train_seconds,
-                          stages=a.stages, log=log)
+    try:
+        return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
+                              max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
+                              max_train_seconds=a.max_train_seconds, stages=a.stages, log=log)
+    except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
+        print(f"error: {' '.join(str(e).split())} (run the earlier --stages first, or check --corpus / --out)", file=sys.stderr)
+        sys.exit(2)
 
 # %% ../nbs/14_embedded_build.ipynb #abb27fde
 #| eval: false

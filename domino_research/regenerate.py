@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from .config import looks_local, signature_defaults
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row
-from .target import check_target_path, load_target
+from .target import check_device, check_target_path, load_target
 
 # %% auto #0
 __all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'parse_shard',
@@ -304,7 +304,10 @@ def main(argv=None) -> dict:
     parse_shard(a.shard)
     _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
     if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")
+    check_device(a.device)
+    if Path(a.out).is_dir(): raise ValueError(f"--out {a.out}: is a folder; pass the path of a .jsonl file")
     rows = load_chat_rows(a.data, split=a.split)[:a.limit]
+    if not rows: raise ValueError(f"--data {a.data}: has no rows to regenerate")
     check_target_path(a.target)                                      # a mistyped local path fails here, the hub never asked
     if a.tokenizer and looks_local(a.tokenizer) and not Path(a.tokenizer).exists():
         raise FileNotFoundError(f"--tokenizer {a.tokenizer!r} does not exist; check the path")

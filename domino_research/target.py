@@ -15,8 +15,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from .config import ConfigError, DFlashConfig, looks_local
 
 # %% auto #0
-__all__ = ['freeze', 'TargetLoadError', 'check_target_path', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids',
-           'capture_features', 'check_draft_fits_target']
+__all__ = ['freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'load_target', 'target_embed', 'target_lm_head',
+           'check_layer_ids', 'capture_features', 'check_draft_fits_target']
 
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,6 +29,15 @@ class TargetLoadError(ConfigError, OSError):
     "The target (or its folder) cannot be loaded; the message names the path and what is missing."
 
 _WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+
+def check_device(spec, what: str = "--device"):
+    "A device name torch knows and this machine has (None passes: the default device); refused in one line otherwise."
+    if spec is None: return None
+    try: dev = torch.device(spec)
+    except RuntimeError: raise ValueError(f"{what} {spec!r}: not a device name (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{what} {spec!r}: this machine has no CUDA device; leave {what} out to run on the CPU")
+    return dev
 
 def check_target_path(path_or_id, what: str = "target") -> str:
     "Refuse a folder without config.json or weights, a file, or a local-looking path that does not exist (no hub call); returns the name."

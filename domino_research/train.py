@@ -91,7 +91,7 @@ class DFlashTrainConfig:
     decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
 
     @property
-    def run_dir(self) -> Path: return Path(self.output_dir) / self.run_name
+    def run_dir(self) -> Path: return Path(self.output_dir).expanduser() / self.run_name
 
 @dataclass
 class DominoTrainConfig(DFlashTrainConfig):
@@ -523,7 +523,7 @@ def _claim_run_dir(self: TrainDFlashRecipe):
             tempfile.TemporaryDirectory(dir=run_dir.parent).cleanup()   # the only reliable test (root ignores mode bits)
         except OSError as e:
             raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
-        self.lock = RunLock(cfg.output_dir, cfg.run_name).acquire()
+        self.lock = RunLock(run_dir.parent, cfg.run_name).acquire()
         if settle_run_dir(run_dir) == "restored":
             self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
         if run_dir.exists() and not run_dir.is_dir():
@@ -1011,8 +1011,12 @@ def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
             val, i = argv[i + 1], i + 1
         i += 1
         if key == "config": config = val
+        elif key in _STR_KEYS: out[key] = None if val == "null" else val   # text as typed: 001, 2026-12-03, ~ stay text
         else: out[key] = yaml_load(val) if val != "" else ""   # YAML 1.2 numbers: --learning_rate 1e-3 is a float
     return config, out
+
+# keys whose values are text (names, paths): taken as typed, not read as YAML (null still means None)
+_STR_KEYS = {f.name for cls in RECIPE_CONFIGS.values() for f in dataclasses.fields(cls) if "str" in str(f.type)}
 
 def cli(argv=None):
     argv = sys.argv[1:] if argv is None else argv
@@ -1022,6 +1026,8 @@ def cli(argv=None):
     warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each, no source excerpt
     try:
         config, overrides = _parse_overrides(argv)
+        if config is None: raise ConfigError("command line: --config is required: a YAML file or one of the shipped "
+                                             f"configs {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}")
         main(config, **overrides)
     except (ConfigError, NoValidAnchorsError, NonFiniteLossError) as e:
         print(f"error: {e}", file=sys.stderr); sys.exit(2)

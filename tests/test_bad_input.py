@@ -109,6 +109,11 @@ def papermill(nb, tmp_path, *params):
     ("evaluate.ipynb", ("candidate_ks", "16,x"), "parameter 'candidate_ks' must be a comma list of integers"),
     ("ablations.ipynb", ("steps", "two"), "parameter 'steps' expects int, got 'two'"),
     ("ablations.ipynb", ("base_overrides", "[1, 2]"), "parameter 'base_overrides' must be a YAML mapping"),
+    ("evaluate.ipynb", ("candidate_ks", "0,-4"), "parameter 'candidate_ks' must list integers >= 1"),
+    ("evaluate.ipynb", ("draft_dir", "/nonexistent/draft"), "parameter 'draft_dir': /nonexistent/draft does not exist"),
+    ("train.ipynb", ("extra", "[1, 2]"), "parameter 'extra' must be a YAML mapping"),
+    ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
+    ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),
 ])
 def test_papermill_bad_parameter(tmp_path, nb, params, needle):
     r = papermill(nb, tmp_path, *params)
@@ -116,3 +121,28 @@ def test_papermill_bad_parameter(tmp_path, nb, params, needle):
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     ran = [c for c in cells if c["cell_type"] == "code" and c.get("execution_count")]
     assert len(ran) == 3                                       # parameters, injected parameters, the check: nothing else ran
+
+
+# ------------------------------------------------------------------ found by a careless-user pass
+@pytest.mark.parametrize("args, needle", [
+    (("-m", "domino_research.train", "--max_steps", "2", "--run_name", "p"), "--config is required"),
+    (("-m", "domino_research.bench", "loss", "--device", "gpu", "--vocab", "64", "--hidden", "32", "--emb", "8", "--gru", "16",
+      "--tokens", "64"), "not a device name"),
+    (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--threads", "0"), "--threads must be >= 1"),
+    (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--vocab_size", "5"), "--vocab_size must be >= 262"),
+    (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--stages", "tokenizer"), "run the earlier --stages first"),
+    (("-m", "domino_research.regenerate", "--target", "domino_research/assets/embedded/target", "--data", "{tmp}/empty.jsonl",
+      "--out", "{tmp}/o.jsonl"), "has no rows to regenerate"),
+    (("-m", "domino_research.regenerate", "--target", "domino_research/assets/embedded/target", "--data", "{tmp}/empty.jsonl",
+      "--out", "{tmp}"), "is a folder"),
+])
+def test_more_cli_mistakes_are_one_line(tmp_path, args, needle):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert_one_line_error(run(*[a.format(tmp=tmp_path) for a in args]), needle)
+
+
+def test_command_line_text_keys_stay_text():
+    from domino_research.train import _parse_overrides
+    _, o = _parse_overrides(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
+                             "--learning_rate", "1e-3", "--run_name=2026-12-03"])
+    assert o == {"run_name": "2026-12-03", "output_dir": "~", "eval_data": None, "max_steps": 3, "learning_rate": 1e-3}
