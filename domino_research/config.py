@@ -9,16 +9,18 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Union
 
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'default_target_layer_ids', 'DFlashConfig', 'check_params',
-           'signature_defaults', 'looks_local', 'finite_or_none', 'dumps_strict']
+           'signature_defaults', 'looks_local', 'finite_or_none', 'write_atomic', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -246,6 +248,11 @@ def finite_or_none(obj):
     if isinstance(obj, dict): return {k: finite_or_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
     return obj
+
+def write_atomic(path, text: str):
+    "Write `text` to `path` through a temp file and a rename: a reader, or a resumed run, sees the old file or the new one."
+    path = Path(path); tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8"); os.replace(tmp, path)
 
 def dumps_strict(obj, **kw) -> str:
     "`json.dumps` that never writes NaN or Infinity: undefined numbers become null."

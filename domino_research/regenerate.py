@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
-from .config import looks_local, signature_defaults
+from .config import looks_local, signature_defaults, write_atomic
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row
 from .target import check_device, check_target_path, load_target
 
@@ -115,10 +115,11 @@ def _append_row(f, rec: dict):
 def _sort_output(out_path: Path):
     "Rewrite the file in index order (atomically, temp + rename) if it is not already."
     recs = [json.loads(l) for l in out_path.read_text(encoding="utf-8").splitlines()]
-    if [r["index"] for r in recs] == sorted(r["index"] for r in recs): return
-    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(recs, key=lambda r: r["index"])), encoding="utf-8")
-    os.replace(tmp, out_path)
+    if [r["index"] for r in recs] != sorted(r["index"] for r in recs): _write_rows(out_path, recs)
+
+def _write_rows(out_path: Path, recs: list[dict]):
+    "Write records as JSON Lines in row order, atomically."
+    write_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(recs, key=lambda r: r["index"])))
 
 # %% ../nbs/12_regenerate.ipynb #0375c516
 _VOLATILE = ("architectures", "transformers_version", "dtype", "torch_dtype", "use_cache")   # not what answers depend on
@@ -166,10 +167,7 @@ def identity_diff(old: dict, new: dict) -> list[str]:
         if was != now: diffs.append(f"{key}: was {was!r}, now {now!r}")
     return diffs
 
-def _write_meta(path: Path, meta: dict):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, path)
+def _write_meta(path: Path, meta: dict): write_atomic(path, json.dumps(meta, indent=1) + "\n")
 
 # %% ../nbs/12_regenerate.ipynb #b32c9783
 def parse_shard(spec) -> tuple[int, int]:
@@ -201,9 +199,7 @@ def merge_shards(shards, out_path) -> dict:
             rec = json.loads(line)
             if rec["index"] in seen: raise ChatDataError(f"{s} line {n_line}: row {rec['index']} is also in {seen[rec['index']]}")
             seen[rec["index"]] = s; recs.append(rec)
-    recs.sort(key=lambda r: r["index"])
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8"); os.replace(tmp, out_path)
+    _write_rows(out_path, recs)
     _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1"})
     return {"rows": len(recs), "shards": n, "out": str(out_path)}
 

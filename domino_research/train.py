@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, config_from_dict, dumps_strict
+from .config import ConfigError, DFlashConfig, config_from_dict, dumps_strict, write_atomic
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -219,12 +219,7 @@ def check_contract(saved: dict, current: dict, where):
                           "Resume with the checkpoint's settings or start a new run_name.")
 
 # %% ../nbs/34_train.ipynb #81293095
-def _write_text(path, text: str):
-    "Write a file atomically (temp file + rename): a reader, or a resumed run, sees the old file or the new one."
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(text); os.replace(tmp, path)
-
-def _write_json(path, obj): _write_text(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
+def _write_json(path, obj): write_atomic(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
 
 def read_metrics(path) -> list[dict]:
     "Rows of a `metrics.jsonl`; a line torn by a killed writer (it can only be the last) is dropped with a warning."
@@ -249,12 +244,15 @@ def _fault_point(name):
     if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
 
 # %% ../nbs/34_train.ipynb #65eaa70a
-def list_checkpoints(run_dir) -> list[Path]:
-    "Checkpoints of a run, oldest first: the `step-N` folders (an interrupted save is a `.tmp-step-N` folder, never listed)."
+def _step_dirs(run_dir) -> list[Path]:
+    "The `step-N` folders of a run, oldest first (an interrupted save is a `.tmp-step-N` folder, never among them)."
     ck = Path(run_dir) / "checkpoints"
-    if not ck.is_dir(): return []
-    done = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name) and (p / "state.pt").is_file()]
-    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+    steps = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)] if ck.is_dir() else []
+    return sorted(steps, key=lambda p: int(p.name.split("-")[1]))
+
+def list_checkpoints(run_dir) -> list[Path]:
+    "Checkpoints of a run, oldest first: the `step-N` folders that hold a `state.pt`."
+    return [p for p in _step_dirs(run_dir) if (p / "state.pt").is_file()]
 
 def _rng_state(generator: torch.Generator) -> dict:
     return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
@@ -311,11 +309,6 @@ def load_checkpoint_state(path) -> dict:
                           f"them could run code ({str(e).splitlines()[0][:160]}). Resume from a checkpoint you trust.") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise ConfigError(f"resume: {f} is damaged ({str(e).splitlines()[0][:160]}); resume from another checkpoint") from None
-
-def _step_dirs(run_dir) -> list[Path]:
-    ck = Path(run_dir) / "checkpoints"
-    steps = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)] if ck.is_dir() else []
-    return sorted(steps, key=lambda p: int(p.name.split("-")[1]))
 
 def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     "The checkpoint `resume` names: `latest` = the newest intact one of `run_dir` (None if none), else a checkpoint dir."
@@ -810,7 +803,7 @@ def run(self: TrainDFlashRecipe) -> dict:
             # the run's settings; `overwrite` and `resume` were this invocation's actions, so a copy of this file used as
             # --config never repeats them
             saved = {**dataclasses.asdict(self.cfg), "overwrite": False, "resume": None}
-            _write_text(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+            write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
             if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
         return self._train(run_dir)
@@ -898,7 +891,7 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     step = self.saved_step = s["loop"]["step"]
     if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
         rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
-        _write_text(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
     self.print(f"resumed from {s['path']} at step {step}")
     self.start = {"path": s["path"], "loop": s["loop"]}  # the optimiser state is loaded: let it go
     return step, s["loop"]["epoch"], s["loop"]["offset"]
