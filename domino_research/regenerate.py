@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import hashlib
 import json
 import os
 import sys
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -23,8 +27,9 @@ from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize
 from .target import check_device, check_target_path, load_target
 
 # %% auto #0
-__all__ = ['target_fingerprint', 'tokenizer_fingerprint', 'run_identity', 'meta_path', 'identity_diff', 'parse_shard',
-           'merge_shards', 'regenerate', 'main']
+__all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'tokenizer_fingerprint',
+           'run_identity', 'meta_path', 'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars',
+           'length_batches', 'regenerate', 'main']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -73,6 +78,54 @@ def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens
         body = toks if cut is None else toks[:cut]
         out.append((tokenizer.decode(body, skip_special_tokens=False), len(body), cut is not None))
     return out
+
+# %% ../nbs/12_regenerate.ipynb #04353474
+class ServerError(OSError): pass
+
+def request_seed(seed: int, row: int, turn: int) -> int:
+    "A 31-bit seed per (seed, row, turn): a sampled answer does not depend on its batch."
+    return int.from_bytes(hashlib.sha256(f"{seed}/{row}/{turn}".encode()).digest()[:4], "little") >> 1
+
+class OpenAIServer:
+    "A running OpenAI-compatible server that serves the target (vLLM, SGLang, ...)."
+    def __init__(self, url: str, model: str | None = None, concurrency: int = 64, timeout: float = 600.0, retries: int = 3):
+        if not re.match(r"https?://", str(url)): raise ValueError(f"--server {url!r}: expected an http(s) URL such as http://localhost:8000/v1")
+        if concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+        self.url, self.concurrency, self.timeout, self.retries = url.rstrip("/"), concurrency, timeout, retries
+        self.model = model or self._request("/models")["data"][0]["id"]    # the one model a server usually serves
+
+    def identity(self) -> tuple[str, str]: return f"{self.model} at {self.url}", f"server:{self.model}"
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        key = os.environ.get("OPENAI_API_KEY")
+        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as r: return json.loads(r.read())
+            except urllib.error.HTTPError as e:            # 4xx: our request is wrong, retrying will not help
+                if e.code < 500 or attempt == self.retries:
+                    raise ServerError(f"--server {self.url}{path}: HTTP {e.code}: {' '.join(e.read().decode(errors='replace').split())[:300]}") from None
+            except (urllib.error.URLError, OSError) as e:
+                if attempt == self.retries:
+                    raise ServerError(f"--server {self.url}: cannot reach it ({getattr(e, 'reason', e)}); start the server or check the URL") from None
+            time.sleep(2 ** attempt)
+
+    def _answer(self, messages, key, max_new_tokens, temperature, enable_thinking, seed) -> tuple[str, int, bool]:
+        body = dict(model=self.model, messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+                    max_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0,
+                    chat_template_kwargs={"enable_thinking": enable_thinking},
+                    **({"seed": request_seed(seed, *key)} if temperature > 0 else {}))
+        r = self._request("/chat/completions", body)
+        choice, msg = r["choices"][0], r["choices"][0]["message"]
+        text = msg.get("content") or ""
+        if msg.get("reasoning_content"): text = f"<think>\n{msg['reasoning_content']}\n</think>\n\n{text}"   # split off by a reasoning parser
+        return text, (r.get("usage") or {}).get("completion_tokens", 0), choice.get("finish_reason") == "stop"
+
+    def answers(self, convs, keys, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> list[tuple[str, int, bool]]:
+        "One (text, n_tokens, finished) per conversation, asked concurrently."
+        with ThreadPoolExecutor(min(self.concurrency, len(convs))) as pool:
+            return list(pool.map(lambda ck: self._answer(*ck, max_new_tokens, temperature, enable_thinking, seed), zip(convs, keys)))
 
 # %% ../nbs/12_regenerate.ipynb #ad763ef0
 def _prompts_of(messages: list[dict]) -> list[dict]: return [m for m in messages if m["role"] != "assistant"]
@@ -147,21 +200,24 @@ def _name(obj) -> str:
     n = str(getattr(obj, "name_or_path", "") or "")
     return str(Path(n).resolve()) if n and Path(n).exists() else n
 
+BATCHES = "longest-prompt-first"   # how rows are grouped into batches: sampled answers depend on it (their seeds are per batch)
+
 def run_identity(target, tokenizer, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> dict:
-    "What a regenerated answer depends on: the `<out>.meta.json` record."
-    return dict(target=_name(target), target_fingerprint=target_fingerprint(target), tokenizer=_name(tokenizer),
-                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), max_new_tokens=max_new_tokens,
-                temperature=temperature, enable_thinking=enable_thinking, seed=seed)
+    "What a regenerated answer depends on: the `<out>.meta.json` record (a server target names itself)."
+    name, fingerprint = target.identity() if isinstance(target, OpenAIServer) else (_name(target), target_fingerprint(target))
+    return dict(target=name, target_fingerprint=fingerprint, tokenizer=_name(tokenizer) if tokenizer is not None else None,
+                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None, max_new_tokens=max_new_tokens,
+                temperature=temperature, enable_thinking=enable_thinking, seed=seed, batches=BATCHES)
 
 def meta_path(out_path) -> Path: return Path(out_path).with_name(Path(out_path).name + ".meta.json")
 
 def identity_diff(old: dict, new: dict) -> list[str]:
-    "The settings in which `new` differs from `old`, as 'key: was X, now Y' (the seed only counts when sampling)."
+    "The settings in which `new` differs from `old`, as 'key: was X, now Y' (the seed and batching only count when sampling)."
     diffs = []
     for key, name in (("target_fingerprint", "target"), ("tokenizer_fingerprint", "tokenizer")):
         if old.get(key) != new[key]:
             diffs.append(f"{name}: was {old.get(name)!r} (fingerprint {old.get(key)}), now {new[name]!r} ({new[key]})")
-    for key in ("max_new_tokens", "temperature", "enable_thinking", "shard") + (("seed",) if new["temperature"] > 0 else ()):
+    for key in ("max_new_tokens", "temperature", "enable_thinking", "shard") + (("seed", "batches") if new["temperature"] > 0 else ()):
         was, now = old.get(key), new.get(key)
         if key == "shard": was, now = was or "0/1", now or "0/1"       # no shard recorded: the whole data
         if was != now: diffs.append(f"{key}: was {was!r}, now {now!r}")
@@ -203,20 +259,38 @@ def merge_shards(shards, out_path) -> dict:
     _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1"})
     return {"rows": len(recs), "shards": n, "out": str(out_path)}
 
+# %% ../nbs/12_regenerate.ipynb #d6b33887
+def prompt_chars(row: dict) -> int:
+    "Characters of a row's prompts (its non-assistant messages): what its batches are sorted by."
+    return sum(len(m["content"]) for m in row["messages"] if m["role"] != "assistant")
+
+def length_batches(rows: list[dict], idx, batch_size: int) -> list[list[int]]:
+    "Rows `idx` in batches of `batch_size`, longest prompts first (ties in index order)."
+    order = sorted(idx, key=lambda i: (-prompt_chars(rows[i]), i))
+    return [order[b: b + batch_size] for b in range(0, len(order), batch_size)]
+
 # %% ../nbs/12_regenerate.ipynb #c1ad9b6f
-def _regenerate_batch(target, tokenizer, rows: list[dict], max_new_tokens, temperature, enable_thinking, stats) -> list[list[dict]]:
+def _regenerate_batch(answer, rows: list[dict], idx: list[int], stats) -> list[list[dict]]:
+    "Every row's answers, turn by turn; `answer(conversations, keys)` gives one (text, n_tokens, finished) each, keys = (row, turn)."
     plans = [_prompt_groups(r["messages"]) for r in rows]
     history, alive = [[] for _ in rows], [True] * len(rows)
     for r in range(max(map(len, plans))):
         active = [b for b in range(len(rows)) if alive[b] and r < len(plans[b])]
         if not active: break
         for b in active: history[b] += plans[b][r]
-        answers = _generate_answers(target, tokenizer, [history[b] for b in active], max_new_tokens, temperature, enable_thinking)
+        answers = answer([history[b] for b in active], [(idx[b], r) for b in active])
         for b, (text, n, finished) in zip(active, answers):
             stats["turns"] += 1; stats["new_tokens"] += n; stats["unfinished"] += not finished
             if not text.strip(): stats["empty_answers"] += 1; alive[b] = False; continue
             history[b].append({"role": "assistant", "content": text, **({} if finished else {"cut": True})})   # cut: no end-of-turn label
     return history
+
+@contextlib.contextmanager
+def _batch_rng(target, seed: int):
+    "Local sampling draws from torch's global RNG, seeded per batch; a server seeds each request itself."
+    if isinstance(target, OpenAIServer): yield; return
+    with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
+        torch.manual_seed(seed); yield
 
 def _check_settings(max_new_tokens, temperature, batch_size):
     if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -231,9 +305,10 @@ def _read_meta(mpath: Path) -> dict | None:
 
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
                enable_thinking: bool = False, seed: int = 0, progress: bool = True, shard: str = "0/1") -> dict:
-    "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the target's answer; append JSONL to `out_path`, resumably. Returns stats."
+    "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the answer of `target` (a model or an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."
     _check_settings(max_new_tokens, temperature, batch_size)
-    _check_chat_template(tokenizer)
+    server = isinstance(target, OpenAIServer)
+    if not server or tokenizer is not None: _check_chat_template(tokenizer)   # a server renders with its own template
     rows = load_chat_rows(rows)  # validates every row before anything is written
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,15 +327,14 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     if has_rows and old is None: print(f"{out_path}: no {mpath.name} (written by an older version): resuming unchecked")
     if old != meta: _write_meta(mpath, meta)   # before the first row
     stats = dict(rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, empty_answers=0, unfinished=0)
+    if server: answer = lambda convs, keys: target.answers(convs, keys, max_new_tokens, temperature, enable_thinking, seed)
+    else: answer = lambda convs, keys: _generate_answers(target, tokenizer, convs, max_new_tokens, temperature, enable_thinking)
     t0 = time.time()
     with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(mine), initial=len(done), desc="regenerate",
                                                           unit="row", disable=not progress) as bar:
-        for b0 in range(0, len(mine), batch_size):
-            idx = mine[b0: b0 + batch_size]
+        for idx in length_batches(rows, mine, batch_size):
             if all(i in done for i in idx): continue
-            with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
-                torch.manual_seed(seed + idx[0])              # = seed + b0 unsharded, as before
-                convs = _regenerate_batch(target, tokenizer, [rows[i] for i in idx], max_new_tokens, temperature, enable_thinking, stats)
+            with _batch_rng(target, seed + idx[0]): convs = _regenerate_batch(answer, [rows[i] for i in idx], idx, stats)
             for i, messages in zip(idx, convs):
                 if i in done: continue
                 _append_row(f, {"index": i, "messages": messages})
@@ -276,8 +350,11 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
 # %% ../nbs/12_regenerate.ipynb #eb69313d
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
-    p.add_argument("--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --merge)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target)")
+    p.add_argument("--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --server or --merge)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target; with --server, optional: recorded in the meta)")
+    p.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server serving the target, e.g. http://localhost:8000/v1")
+    p.add_argument("--server_model", default=None, help="model name on the server (default: the first it lists)")
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight to --server (use a large --batch_size with it)")
     p.add_argument("--data", help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
@@ -296,7 +373,8 @@ def _parse_args(argv=None):
 def main(argv=None) -> dict:
     a = _parse_args(argv)
     if a.merge: return merge_shards(a.merge, a.out)
-    if a.target is None or a.data is None: raise ValueError("--target and --data are required (or --merge SHARD ... --out OUT)")
+    if (a.target is None and a.server is None) or a.data is None:
+        raise ValueError("--data and --target (or --server URL) are required (or --merge SHARD ... --out OUT)")
     parse_shard(a.shard)
     _check_settings(a.max_new_tokens, a.temperature, a.batch_size)   # before anything heavy loads
     if a.limit is not None and a.limit < 1: raise ValueError(f"--limit must be >= 1 (or left out for all rows), got {a.limit}")
@@ -304,11 +382,15 @@ def main(argv=None) -> dict:
     if Path(a.out).is_dir(): raise ValueError(f"--out {a.out}: is a folder; pass the path of a .jsonl file")
     rows = load_chat_rows(a.data, split=a.split)[:a.limit]
     if not rows: raise ValueError(f"--data {a.data}: has no rows to regenerate")
-    check_target_path(a.target)                                      # a mistyped local path fails here, the hub never asked
     if a.tokenizer and looks_local(a.tokenizer) and not Path(a.tokenizer).exists():
         raise FileNotFoundError(f"--tokenizer {a.tokenizer!r} does not exist; check the path")
-    tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target)
-    target = load_target(a.target, device=a.device)
+    if a.server:
+        target = OpenAIServer(a.server, a.server_model, concurrency=a.concurrency)
+        tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target) if (a.tokenizer or a.target) else None
+    else:
+        check_target_path(a.target)                                  # a mistyped local path fails here, the hub never asked
+        tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target)
+        target = load_target(a.target, device=a.device)
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                       batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed, shard=a.shard)
 

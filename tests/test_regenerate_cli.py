@@ -125,3 +125,51 @@ def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
     r = run_cli("--target", target, "--data", data, "--out", out, *extra)
     assert_one_line_error(r, needle)
     assert not out.exists()
+
+
+def serve(target_dir):
+    "An OpenAI-compatible server in this process that answers with the target in `target_dir` (greedy, one request at a time)."
+    import http.server
+    import threading
+
+    from transformers import AutoTokenizer
+    from domino_research.regenerate import _generate_answers
+    from domino_research.target import load_target
+    target, tok = load_target(target_dir, device="cpu"), AutoTokenizer.from_pretrained(target_dir)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+
+        def _send(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+
+        def do_GET(self): self._send({"data": [{"id": "tiny"}]})
+
+        def do_POST(self):
+            b = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            (text, n, done), = _generate_answers(target, tok, [b["messages"]], b["max_tokens"], 0.0,
+                                                 b["chat_template_kwargs"]["enable_thinking"])
+            self._send({"choices": [{"message": {"content": text}, "finish_reason": "stop" if done else "length"}],
+                        "usage": {"completion_tokens": n}})
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+def test_cli_server_backend_writes_what_the_local_target_writes(target_dir, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    common = ["--data", data, "--max_new_tokens", 5, "--batch_size", 2]
+    assert run_cli("--target", target_dir, *common, "--out", tmp_path / "local.jsonl").returncode == 0
+    srv, url = serve(target_dir)
+    try:
+        r = run_cli("--server", url, "--tokenizer", target_dir, "--concurrency", 2, *common, "--out", tmp_path / "server.jsonl")
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "server.jsonl").read_text() == (tmp_path / "local.jsonl").read_text()
+        assert json.loads((tmp_path / "server.jsonl.meta.json").read_text())["target"] == f"tiny at {url}"
+    finally:
+        srv.shutdown(); srv.server_close()
+    r = run_cli("--server", url, *common, "--out", tmp_path / "never.jsonl")            # the server is gone now
+    assert_one_line_error(r, f"--server {url}: cannot reach it")
+    assert not (tmp_path / "never.jsonl").exists()
