@@ -24,7 +24,7 @@ from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFa
                           get_cosine_schedule_with_warmup)
 
 from .config import signature_defaults
-from .data import QWEN3_SPECIAL_TOKENS, collate_chat, read_jsonl, tokenize_chat
+from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
 from .embedded import (
     EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path, load_embedded_target, write_manifest)
@@ -34,7 +34,7 @@ __all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 
            'stdlib_modules', 'function_signature', 'function_body', 'user_prompt', 'has_docstring', 'extract_functions',
            'dedupe_rows', 'split_by_module', 'build_corpus', 'write_jsonl', 'train_tokenizer', 'tokenizer_texts',
            'target_config', 'chat_tokens', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
-           'save_target', 'ends_in_line_loop', 'ends_in_cycle', 'response_stats', 'build_embedded', 'main']
+           'save_target', 'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -447,33 +447,25 @@ def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows,
             f"max_new_tokens={max_new_tokens}, {stats['seconds']} s")
 
 # %% ../nbs/14_embedded_build.ipynb #fc359b31
-def ends_in_line_loop(text: str, repeats: int = 3) -> bool:
-    "True when the last `repeats` non-blank lines of `text` are one and the same line (trailing spaces ignored)."
-    lines = [l.rstrip() for l in text.rstrip().split("\n") if l.strip()]
-    return len(lines) >= repeats and len(set(lines[-repeats:])) == 1
+def _is_cut(message: dict, n_tokens: int, max_new_tokens: int | None) -> bool:
+    return bool(message.get("cut")) or (max_new_tokens is not None and n_tokens >= max_new_tokens)
 
-
-
-def ends_in_cycle(text: str, max_period: int = 4, repeats: int = 3) -> bool:
-    "Stricter: the last non-blank lines are a block of 1..`max_period` lines repeated `repeats` times in a row."
-    lines = [l.rstrip() for l in text.rstrip().split("\n") if l.strip()]
-    return any(len(lines) >= p * repeats and len({tuple(lines[len(lines) - (k + 1) * p:len(lines) - k * p])
-                                                  for k in range(repeats)}) == 1 for p in range(1, max_period + 1))
+def response_stats(tokenizer, rows: list[dict], max_new_tokens: int | None = None) -> dict:
+    "Per assistant answer: length in tokens, the fractions that loop (and how), and that were cut at `max_new_tokens`."
+    answers = [m for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    ids = [tokenizer(m["content"], add_special_tokens=False)["input_ids"] for m in answers]
+    line, cycle = [line_loop(m["content"]) for m in answers], [token_cycle(i) for i in ids]
+    loop = [a or b for a, b in zip(line, cycle)]
+    cut = [_is_cut(m, len(i), max_new_tokens) for m, i in zip(answers, ids)]
+    frac = lambda xs: sum(xs) / max(len(xs), 1)
+    lengths = sorted(map(len, ids))
+    return {"rows": len(rows), "answers": len(answers), "mean_tokens": frac(lengths),
+            "median_tokens": lengths[len(lengths) // 2] if lengths else 0, "cut_fraction": frac(cut),
+            "loop_fraction": frac(loop), "line_loop_fraction": frac(line), "token_cycle_fraction": frac(cycle),
+            "loop_fraction_cut": frac([lo for lo, c in zip(loop, cut) if c]),
+            "loop_fraction_finished": frac([lo for lo, c in zip(loop, cut) if not c])}
 
 # %% ../nbs/14_embedded_build.ipynb #46fdfeac
-def response_stats(tokenizer, rows: list[dict], max_new_tokens: int | None = None) -> dict:
-    "Answer lengths in tokens, the fraction ending in a line loop and the fraction that hit `max_new_tokens`."
-    answers = [r["messages"][-1]["content"] for r in rows]
-    lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
-    out = {"rows": len(rows), "mean_tokens": sum(lengths) / max(len(lengths), 1),
-           "median_tokens": sorted(lengths)[len(lengths) // 2] if lengths else 0,
-           "loop_fraction": sum(map(ends_in_line_loop, answers)) / max(len(answers), 1),
-           "cycle_fraction": sum(map(ends_in_cycle, answers)) / max(len(answers), 1)}
-    if max_new_tokens:
-        out["cut_fraction"] = sum(l >= max_new_tokens for l in lengths) / max(len(lengths), 1)
-    return out
-
-
 def _stage_quality(out_dir, seq_length, max_new_tokens, log) -> dict:
     model, tok = load_embedded_target(out_dir)  # the stored (bf16-rounded) weights, in fp32
     q = {"test_original": assistant_accuracy(model, tok, fit_rows(tok, read_jsonl(corpus_path(out_dir, "test")), seq_length)),
