@@ -12,18 +12,19 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from .config import ConfigError, dumps_strict
+from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
 from .target import load_target
-from .train import DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
+from .train import RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'Variant', 'resolve_variant', 'spread',
-           'tau_ratio', 'summarize', 'results_markdown', 'plot_results', 'file_digest', 'source_digest',
-           'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'Variant', 'draft_parameters',
+           'resolve_variant', 'spread', 'tau_ratio', 'summarize', 'results_markdown', 'plot_results', 'file_digest',
+           'source_digest', 'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -31,13 +32,41 @@ PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: 
 @dataclass(frozen=True)
 class Variant:
     config: str                                  # recipe config: shipped name (domino_research/configs/) or YAML path
-    overrides: Union[dict, Callable] = field(default_factory=dict)  # keys it changes; a callable gets the resolved config
+    overrides: Union[dict, Callable] = field(default_factory=dict)  # keys it changes; or a callable (resolved config, load) -> keys
     baseline: Optional[str] = None               # the head-less variant at the same block size (τ ratio denominator)
     note: str = ""
 
-def _small_head(cfg) -> dict:
+def _small_head(cfg, load) -> dict:
     "A quarter of the recipe's GRU width G and correction rank E."
     return {"gru_hidden_dim": max(1, cfg.gru_hidden_dim // 4), "emb_dim": max(1, cfg.emb_dim // 4)}
+
+def draft_parameters(cfg: DFlashTrainConfig) -> int:
+    "Trainable parameters of the draft that `cfg` trains (built on the meta device: no memory, no time)."
+    recipe = RECIPES[cfg.recipe](cfg)
+    recipe.target_config = AutoConfig.from_pretrained(resolve_target_path(cfg.target))
+    with torch.device("meta"):
+        draft = DFlashDraftModel(draft_qwen3_config(recipe.target_config, recipe._build_dflash_config(),
+                                                    cfg.draft_num_hidden_layers, cfg.draft_intermediate_size))
+    return sum(p.numel() for p in draft.parameters() if p.requires_grad)
+
+def _matched_to_domino(cfg, load) -> dict:
+    """Domino's label convention, and each draft layer's MLP widened so the draft has as many parameters as the Domino
+    draft (backbone + head): the same depth and captured layers, only wider."""
+    shifted, domino = dataclasses.replace(cfg, shift_label=True), load("embedded_domino")
+    tc = AutoConfig.from_pretrained(resolve_target_path(cfg.target))
+    per_width = 3 * tc.hidden_size * cfg.draft_num_hidden_layers          # gate, up and down projections per unit of width
+    extra = draft_parameters(domino) - draft_parameters(shifted)
+    return {"shift_label": True, "draft_intermediate_size": (cfg.draft_intermediate_size or tc.intermediate_size) + round(extra / per_width)}
+
+def _head_share(cfg, load, share: float = 0.05) -> dict:
+    """The largest head, with the recipe's G : E ratio, whose parameters are at most `share` of the backbone's (the
+    papers' Qwen3-8B head is about 5 % of its draft)."""
+    backbone = draft_parameters(load("embedded_dflash"))
+    ratio = cfg.gru_hidden_dim / cfg.emb_dim
+    for e in range(cfg.emb_dim, 0, -1):
+        head = {"emb_dim": e, "gru_hidden_dim": max(1, round(e * ratio))}
+        if draft_parameters(dataclasses.replace(cfg, **head)) - backbone <= share * backbone: return head
+    return {"emb_dim": 1, "gru_hidden_dim": 1}
 
 VARIANTS = {
     "dflash":        Variant("embedded_dflash", {}, None, "DFlash backbone, no head"),
@@ -51,6 +80,9 @@ VARIANTS = {
     "dflash_block8": Variant("embedded_dflash", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]}, None,
                              "DFlash, block size 8"),
     "dflash_shift":  Variant("embedded_dflash", {"shift_label": True}, None, "DFlash backbone, Domino's label convention"),
+    "dflash_shift_matched": Variant("embedded_dflash", _matched_to_domino, None,
+                                    "DFlash, Domino's convention, MLP widened to Domino's parameter count"),
+    "domino_small_head": Variant("embedded_domino", _head_share, "dflash_shift_matched", "head about 5 % of the backbone"),
 }
 
 # %% ../nbs/40_ablations.ipynb #21379416
@@ -69,7 +101,10 @@ def resolve_variant(name: str, variant: Variant, block_size: Optional[int] = Non
     if block_size is not None and not sets_block:
         ov["block_size"] = block_size
         if block_size in PAPER_GAMMA: ov["loss_decay_gamma"] = PAPER_GAMMA[block_size]
-    if callable(own): own = own(load_train_config(config, **ov))
+    def load(other: str) -> DFlashTrainConfig:       # another recipe config, with the same table-wide keys
+        path = (configs or {}).get(other, other)
+        return load_train_config(path, **{k: v for k, v in ov.items() if k in _config_fields(path)})
+    if callable(own): own = own(load_train_config(config, **ov), load)
     unknown = sorted(set(own) - keys)
     if unknown: raise ConfigError(f"variant {name!r}: {unknown} are not keys of recipe config {variant.config!r}")
     ov.update(own)

@@ -35,15 +35,15 @@ def _rope_parameters(cfg) -> dict:
                           "the draft needs the target's RoPE settings.")
     return {**(getattr(cfg, "rope_scaling", None) or {"rope_type": "default"}), "rope_theta": float(theta)}
 
-def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int) -> Qwen3Config:
-    "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config`, with the notebook 31 extras."
+def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None) -> Qwen3Config:
+    "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config` (MLP width: the target's unless given), with the notebook 31 extras."
     T, n = target_config.num_hidden_layers, num_draft_layers
     dflash = dflash.resolve_layers(T, n).validate(vocab_size=target_config.vocab_size, num_target_layers=T)
     heads = target_config.num_attention_heads
     rope = _rope_parameters(target_config)
     cfg = Qwen3Config(
         vocab_size=target_config.vocab_size, hidden_size=target_config.hidden_size,
-        intermediate_size=target_config.intermediate_size, num_hidden_layers=n,
+        intermediate_size=intermediate_size or target_config.intermediate_size, num_hidden_layers=n,
         num_attention_heads=heads, num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
         head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // heads,
         hidden_act=target_config.hidden_act, max_position_embeddings=target_config.max_position_embeddings,

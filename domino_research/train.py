@@ -53,6 +53,7 @@ class DFlashTrainConfig:
     max_eval_samples: Optional[int] = None     # cap on validation rows
     # -- draft
     draft_num_hidden_layers: int = 5
+    draft_intermediate_size: Optional[int] = None  # MLP width of each draft layer (None = the target's)
     target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
     block_size: int = 16
     mask_token_id: Optional[int] = None        # required: a reserved row of the target's embedding table
@@ -133,6 +134,8 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     for k in ("seq_length", "draft_num_hidden_layers", "num_anchors", "micro_batch_size", "grad_accumulation_steps",
               "num_epochs", "keep_checkpoints"):
         _check(getattr(cfg, k) >= 1, k, f"must be >= 1 (got {getattr(cfg, k)})")
+    _check(cfg.draft_intermediate_size is None or cfg.draft_intermediate_size >= 1, "draft_intermediate_size",
+           f"must be >= 1 or null for the target's (got {cfg.draft_intermediate_size})")
     _check(cfg.seq_length > cfg.block_size, "seq_length", f"must exceed block_size={cfg.block_size} (got {cfg.seq_length})")
     _check(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", f"must be >= 1 or null (got {cfg.max_steps})")
     for k in ("max_train_samples", "max_eval_samples"):     # 0 would silently mean "no rows", not "all rows"
@@ -205,11 +208,12 @@ def resolve_data_path(source: Optional[str]) -> Optional[str]:
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
                  "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len")
 
-def draft_contract(dflash: DFlashConfig, num_draft_layers: int) -> dict:
+def draft_contract(dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None) -> dict:
     d = dflash.to_dict()
     c = {k: d.get(k) for k in CONTRACT_KEYS}
     if not dflash.is_domino: c = {k: v for k, v in c.items() if k not in ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len")}
-    return {**c, "draft_num_hidden_layers": num_draft_layers}
+    wide = {} if intermediate_size is None else {"draft_intermediate_size": intermediate_size}   # absent: as before it existed
+    return {**c, "draft_num_hidden_layers": num_draft_layers, **wide}
 
 def check_contract(saved: dict, current: dict, where):
     diff = {k: (saved.get(k), current.get(k)) for k in set(saved) | set(current) if saved.get(k) != current.get(k)}
@@ -476,7 +480,7 @@ class TrainDFlashRecipe:
         try: self.target_config = AutoConfig.from_pretrained(self.target_path)
         except OSError as e: raise ConfigError(f"target: cannot read a model config at {self.target_path!r} ({e})") from None
         self.dflash = self._build_dflash_config()
-        self.contract = draft_contract(self.dflash, cfg.draft_num_hidden_layers)
+        self.contract = draft_contract(self.dflash, cfg.draft_num_hidden_layers, cfg.draft_intermediate_size)
         self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
@@ -598,7 +602,8 @@ def _build_draft(self: TrainDFlashRecipe):
     if self.start is not None:
         draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft")
     else:
-        draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers))
+        draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers,
+                                                    self.cfg.draft_intermediate_size))
     if self.cfg.gradient_checkpointing:       # HF's layer-level checkpointing (non-reentrant: works under DDP and no_sync)
         draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return draft.to(self.accelerator.device)
