@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
@@ -18,13 +19,16 @@ from .config import ConfigError, dumps_strict
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
+from .stats import pooled_tau_ratio
 from .target import load_target
 from .train import RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'Variant', 'draft_parameters',
-           'resolve_variant', 'spread', 'tau_ratio', 'summarize', 'results_markdown', 'plot_results', 'file_digest',
-           'source_digest', 'delete_weights', 'run_one', 'plan_ablation', 'run_ablation']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_KEYS', 'Variant',
+           'draft_parameters', 'resolve_variant', 'spread', 'tau_ratio', 'compare', 'head_gain', 'summarize',
+           'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights',
+           'run_one', 'plan_ablation', 'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget',
+           'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -129,6 +133,54 @@ def tau_ratio(num: dict, den: dict) -> Optional[dict]:
             "paired_std": p["std"], "paired_min": p["min"], "paired_max": p["max"], "paired": paired,
             "all_pairs_range": [min(num.values()) / max(den.values()), max(num.values()) / min(den.values())]}
 
+# %% ../nbs/40_ablations.ipynb #1b124a45
+COMPARISONS = (   # (numerator, denominator, question)
+    ("domino", "dflash_shift_matched", "the head, at equal parameter count"),
+    ("domino_small_head", "dflash_shift", "a head of the papers' proportions (+4.6 % parameters here)"),
+    ("domino", "dflash_shift", "the head, its parameters added"),
+    ("dflash_shift_matched", "dflash_shift", "parameters alone (a wider backbone)"),
+    ("dflash_shift", "dflash", "the label convention alone"),
+    ("domino", "dflash", "the Domino recipe over the DFlash recipe"),
+)
+
+def _prompt_counts(seeds: dict, shared: list, which: str) -> tuple[np.ndarray, np.ndarray]:
+    "[n_prompts, n_seeds] arrays of committed tokens and verify steps (`which`: spec or base)."
+    rows = [seeds[s]["per_prompt"] for s in shared]
+    return (np.array([[r[f"committed_{which}"] for r in rs] for rs in rows], dtype=float).T,
+            np.array([[r[f"verify_steps_{which}"] for r in rs] for rs in rows], dtype=float).T)
+
+def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
+    loops = np.array([bool(r["loops"]) for r in rows])
+    groups = np.array([r["group"] for r in rows], dtype=object) if all(r["group"] is not None for r in rows) else None
+    out = {}
+    for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
+        if not sel.any(): out[label] = None; continue
+        out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel],
+                                      groups=None if groups is None else groups[sel].tolist(), n_boot=n_boot)
+    out["n_looping"], out["n_prompts"] = int(loops.sum()), len(rows)
+    return out
+
+def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
+    "τ_a / τ_b over the prompts and the seeds both variants have: all prompts, looping, non-looping, and per seed."
+    shared = sorted(set(runs.get(a, {})) & set(runs.get(b, {})), key=_seed_key)
+    if not shared or any("per_prompt" not in runs[v][s] for v in (a, b) for s in shared): return None
+    rows = runs[a][shared[0]]["per_prompt"]
+    for v in (a, b):
+        for s in shared:
+            if [r["prompt_id"] for r in runs[v][s]["per_prompt"]] != [r["prompt_id"] for r in rows]:
+                raise ValueError(f"compare {a} / {b}: {v} seed {s} was decoded on other prompts than {a} seed {shared[0]}")
+    num, den = _prompt_counts(runs[a], shared, "spec"), _prompt_counts(runs[b], shared, "spec")
+    per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
+                for k, s in enumerate(shared)}
+    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **_ratio_by_loops(num, den, rows, n_boot), "per_seed": per_seed}
+
+def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
+    "τ with the head / τ of the same drafts without it (backbone only), pooled over seeds, with intervals."
+    shared = sorted(seeds, key=_seed_key)
+    if not shared or any("per_prompt" not in seeds[s] for s in shared): return None
+    return _ratio_by_loops(_prompt_counts(seeds, shared, "spec"), _prompt_counts(seeds, shared, "base"),
+                           seeds[shared[0]]["per_prompt"], n_boot)
+
 # %% ../nbs/40_ablations.ipynb #4786f8a1
 SEED_KEYS = ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len", "base_accept_len", "per_slot_acceptance",
              "per_slot_acceptance_base", "lossless", "speedup", "steps", "train_seconds", "eval_seconds")
@@ -136,7 +188,7 @@ SEED_KEYS = ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len", "base
 def _mean_lists(lists: list[list[float]]) -> list[float]:
     return [statistics.fmean(col) for col in zip(*lists)] if lists else []
 
-def summarize(runs: dict, variants: dict, meta: dict) -> dict:
+def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
     "results.json: `runs` is {variant: {seed: record}} (records as written by `run_one`), `variants` the Variant table."
     out = {"meta": meta, "variants": {}}
     for name, seeds in runs.items():
@@ -158,6 +210,8 @@ def summarize(runs: dict, variants: dict, meta: dict) -> dict:
     for name, d in out["variants"].items():
         d["tau_over_baseline"] = tau_ratio(taus[name], taus.get(d["baseline"], {})) if d["baseline"] else None
     out["domino_over_dflash_tau"] = tau_ratio(taus.get("domino", {}), taus.get("dflash", {}))
+    for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
+    out["comparisons"] = [{**c, "question": q} for a, b, q in COMPARISONS if (c := compare(runs, a, b, n_boot)) is not None]
     return out
 
 # %% ../nbs/40_ablations.ipynb #d018f90c
@@ -171,6 +225,24 @@ def _fmt_range(s: dict, digits: int = 2) -> str:
 
 def _fmt_changes(changes: dict) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in changes.items()) or "(recipe defaults)"
+
+def _fmt_ci(r: Optional[dict]) -> str:
+    return "–" if r is None else f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+
+def comparisons_markdown(res: dict) -> list[str]:
+    "The comparisons (and each head's gain inside its own drafts) as a markdown table, with 95 % intervals."
+    rows = [(f"`{c['num']}` / `{c['den']}`", c["question"], c) for c in res.get("comparisons", [])]
+    rows += [(f"`{n}` with / without head", "the head, inside the same drafts", d["head_gain"])
+             for n, d in res["variants"].items() if d.get("head_gain")]
+    if not rows: return []
+    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed |", "|---|---|---|---|---|---|"]
+    for name, q, c in rows:
+        seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
+        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} |")
+    n = rows[0][2]
+    out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts (within their strata), seeds pooled per prompt; "
+                f"{n['n_looping']} of the prompts have a target continuation that loops."]
+    return out
 
 def results_markdown(res: dict) -> str:
     "The results table (markdown) with the settings that produced it."
@@ -191,6 +263,7 @@ def results_markdown(res: dict) -> str:
         sd = f", paired std {r['paired_std']:.3f}" if r["paired_std"] is not None else ""
         lines += ["", f"**Domino τ / DFlash τ = {r['value']:.3f}** (per-seed paired ratios {r['paired_min']:.3f}–"
                       f"{r['paired_max']:.3f}{sd}; all pairs {r['all_pairs_range'][0]:.3f}–{r['all_pairs_range'][1]:.3f})."]
+    lines += comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
                   "split. ± is the sample std over seeds."]
@@ -309,6 +382,15 @@ class _Targets:
             self.cache[path] = (load_target(path), AutoTokenizer.from_pretrained(path))
         return self.cache[path]
 
+PROMPT_KEYS = ("prompt_id", "group", "loops", "new_tokens", "committed_spec", "verify_steps_spec", "committed_base",
+               "verify_steps_base")
+
+def _prompt_record(row: dict) -> dict:
+    "What the comparisons need of one decoded prompt; a draft without a head is its own base."
+    r = {k: row.get(k) for k in PROMPT_KEYS}
+    if r["committed_base"] is None: r["committed_base"], r["verify_steps_base"] = r["committed_spec"], r["verify_steps_spec"]
+    return r
+
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
             n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print) -> dict:
     "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
@@ -346,7 +428,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
            "accept_len": final.get("eval/accept_len"), "base_accept_len": final.get("eval/base_accept_len"),
            "train_seconds": trained["train_seconds"], "eval_seconds": time.perf_counter() - t0,
            "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
-           "tau_per_prompt": [r["tau_spec"] for r in ev["per_prompt"]], "fingerprint": fp}
+           "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]], "fingerprint": fp}
     (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
     delete_weights(run_dir)
     log(f"[{name} seed {seed}] {final['step']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
@@ -397,3 +479,52 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     (out / "results.md").write_text(results_markdown(res))
     plot_results(res, out, run_dirs)
     return res
+
+# %% ../nbs/40_ablations.ipynb #7c2ed809
+def budget_summary(tables: dict) -> dict:
+    "{steps: results.json} → τ per variant and budget, and each comparison per budget."
+    budgets = sorted(tables)
+    names = list(dict.fromkeys(n for b in budgets for n in tables[b]["variants"]))
+    return {"budgets": budgets,
+            "tau": {n: {str(b): tables[b]["variants"][n]["tau"] for b in budgets if n in tables[b]["variants"]} for n in names},
+            "comparisons": {f"{c['num']}/{c['den']}": {str(b): c2 for b in budgets for c2 in tables[b].get("comparisons", [])
+                                                        if (c2["num"], c2["den"]) == (c["num"], c["den"])}
+                            for b in budgets for c in tables[b].get("comparisons", [])}}
+
+def budget_markdown(s: dict) -> str:
+    head = "| variant | " + " | ".join(f"{b} steps" for b in s["budgets"]) + " |"
+    lines = ["τ (mean ± std over seeds) per training budget:", "", head, "|---|" + "---|" * len(s["budgets"])]
+    for n, by in s["tau"].items(): lines.append(f"| `{n}` | " + " | ".join(_fmt(by.get(str(b))) for b in s["budgets"]) + " |")
+    lines += ["", "τ ratios [95 % CI] per training budget:", "", head.replace("variant", "τ ratio"), "|---|" + "---|" * len(s["budgets"])]
+    for name, by in s["comparisons"].items():
+        lines.append(f"| `{name}` | " + " | ".join(_fmt_ci(by[str(b)]["all"]) if str(b) in by else "–" for b in s["budgets"]) + " |")
+    return "\n".join(lines) + "\n"
+
+def plot_budget(s: dict, out_dir, comparisons=("domino/dflash_shift_matched", "domino_small_head/dflash_shift")) -> Path:
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(11, 3.8)); a, b = fig.subplots(1, 2)
+    for i, (n, by) in enumerate(s["tau"].items()):
+        steps = [int(k) for k in by]; t = list(by.values())
+        a.errorbar(steps, [x["mean"] for x in t], yerr=[[x["mean"] - x["min"] for x in t], [x["max"] - x["mean"] for x in t]],
+                   fmt="o-", ms=4, capsize=3, color=f"C{i % 10}", label=n)
+    a.set(xscale="log", xlabel="optimiser steps (budget)", ylabel="τ", title="τ per budget (mean, min–max over seeds)"); a.legend(fontsize=7)
+    for i, name in enumerate(c for c in comparisons if c in s["comparisons"]):
+        by = s["comparisons"][name]; steps = [int(k) for k in by]; r = [v["all"] for v in by.values()]
+        b.errorbar(steps, [x["ratio"] for x in r], yerr=[[x["ratio"] - x["lo"] for x in r], [x["hi"] - x["ratio"] for x in r]],
+                   fmt="o-", ms=4, capsize=3, color=f"C{i}", label=name)
+    b.axhline(1, color="k", lw=0.5)
+    b.set(xscale="log", xlabel="optimiser steps (budget)", ylabel="τ ratio", title="τ ratios with 95 % intervals"); b.legend(fontsize=7)
+    fig.tight_layout(); path = Path(out_dir) / "budget.png"; fig.savefig(path, dpi=100)
+    return path
+
+def run_budget_curve(variants, budgets, seeds, out_dir, n_eval_prompts: int, max_new_tokens: int, log=print, **kw) -> dict:
+    "The ablation table at each step budget (out_dir/steps<N>/), then budget.json, budget.md and budget.png in out_dir."
+    budgets = sorted({int(b) for b in budgets})
+    if not budgets or budgets[0] < 1: raise ConfigError(f"budgets: give one or more step counts >= 1 (got {budgets})")
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    tables = {b: run_ablation(variants, b, seeds, out / f"steps{b}", n_eval_prompts, max_new_tokens, log=log, **kw) for b in budgets}
+    s = budget_summary(tables)
+    (out / "budget.json").write_text(json.dumps(s, indent=2, allow_nan=False) + "\n")
+    (out / "budget.md").write_text(budget_markdown(s))
+    plot_budget(s, out)
+    return s

@@ -43,7 +43,7 @@ def paired_bootstrap_ratio(num, den, groups=None, n_boot: int = 10000, seed: int
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return dict(ratio=float(num.mean() / den.mean()), lo=float(lo), hi=float(hi), level=level, n=len(num), n_boot=n_boot)
 
-# %% ../nbs/15_stats.ipynb #8b4283c6
+# %% ../nbs/15_stats.ipynb #13948e31
 def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
                      level: float = 0.95) -> dict:
     "τ_a / τ_b, each τ = Σ committed / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
