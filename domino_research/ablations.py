@@ -480,7 +480,7 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     plot_results(res, out, run_dirs)
     return res
 
-# %% ../nbs/40_ablations.ipynb #7c2ed809
+# %% ../nbs/40_ablations.ipynb #e29ed78a
 def budget_summary(tables: dict) -> dict:
     "{steps: results.json} → τ per variant and budget, and each comparison per budget."
     budgets = sorted(tables)
