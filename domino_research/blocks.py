@@ -55,12 +55,12 @@ def anchor_candidates(loss_mask: Tensor,   # [B, S]
                       position_ids: Tensor | None = None,  # [B, S] packed rows (None: one document per row)
                      ) -> Tensor:          # Bool[B, S - bs + 1]: may position a start a block?
     "`m[a] = 1` and the whole block `a .. a+bs-1` inside `a`'s document (the row, when unpacked)."
-    S = loss_mask.shape[1]
-    cand = loss_mask[:, : S - block_size + 1].bool()                    # [B, C], C = S - bs + 1
+    C = max(loss_mask.shape[1] - block_size + 1, 0)                     # a <= S - bs (none if S < bs)
+    cand = loss_mask[:, :C].bool()                                      # [B, C]
     if position_ids is not None:
         _, end = document_bounds(position_ids)
-        a = torch.arange(cand.shape[1], device=cand.device)
-        cand = cand & (a + block_size <= end[:, : cand.shape[1]])       # no block crosses into the next document
+        a = torch.arange(C, device=cand.device)
+        cand = cand & (a + block_size <= end[:, :C])                    # no block crosses into the next document
     return cand
 
 def sample_anchors(loss_mask: Tensor,   # [B, S] 0/1 (or bool): 1 on tokens to learn
