@@ -56,8 +56,12 @@ def pack_dataset(ds: datasets.Dataset,   # tokenised documents: `input_ids`, `lo
     if missing: raise ValueError(f"pack_dataset: the dataset has no {sorted(missing)} column(s); pass tokenised chat data (notebook 11)")
     features = datasets.Features({"input_ids": ds.features["input_ids"], "loss_mask": ds.features["loss_mask"],
                                   "position_ids": datasets.List(datasets.Value("int32"))})
-    return ds.map(_pack_batch, batched=True, batch_size=chunk_size, remove_columns=ds.column_names, features=features,
-                  fn_kwargs={"seq_length": seq_length})
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()      # seconds of work; the recipe prints one summary line instead of a bar per split
+    try: return ds.map(_pack_batch, batched=True, batch_size=chunk_size, remove_columns=ds.column_names, features=features,
+                       fn_kwargs={"seq_length": seq_length})
+    finally:
+        if bars: datasets.enable_progress_bars()
 
 # %% ../nbs/15_packing.ipynb #d077dfe5
 def check_packed_blocks(ds: datasets.Dataset, block_size: int, what: str = "train_data"):
@@ -68,9 +72,9 @@ def check_packed_blocks(ds: datasets.Dataset, block_size: int, what: str = "trai
         if anchor_candidates(torch.tensor([ex["loss_mask"]]), block_size, pos).any(): return
         longest = max(longest, int(pos.max()) + 1 if pos.numel() else 0)
     raise ConfigError(f"block_size: with packing: true a block of block_size={block_size} tokens must lie inside one "
-                      f"conversation, and no conversation of {what} holds one (the longest has {longest} tokens, or none "
-                      f"has a supervised token with {block_size - 1} tokens after it); lower block_size, or set packing: false "
-                      "(unpacked, a block may run into a row's padding)")
+                      f"conversation, and no conversation of {what} has a supervised token with {block_size - 1} tokens after "
+                      f"it (the longest has {longest} tokens); lower block_size, or set packing: false (unpacked, a block "
+                      "may run into a row's padding)")
 
 # %% ../nbs/15_packing.ipynb #c73c302e
 def check_target_separates_documents(target, layer_ids, stop_early: bool = True, lengths=(6, 10)):
