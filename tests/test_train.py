@@ -35,12 +35,14 @@ def train_cli(cfg_path, *args, timeout=300, **popen):
 
 
 # ------------------------------------------------------------------ multi-process symmetry
-@pytest.mark.parametrize("shard", [False, True])
-def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard):
-    "Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank."
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev"})
+@pytest.mark.parametrize("shard,packing", [(False, False), (True, False), (True, True)])
+def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard, packing):
+    """Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank;
+    also with packed rows (the setup's probe of the target's document mask is then a collective forward)."""
+    extra = {"packing": True, "seq_length": 192} if packing else {}
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev", **extra})
     one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
-    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard})
+    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard, **extra})
     two = run_worker("eval", cfg, tmp_path / "two", nproc=2)
     assert two[0]["world"] == 2 and one["world"] == 1
     keys = [k for k in one if k.startswith("eval/")]
