@@ -11,37 +11,72 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['NoValidAnchorsError', 'sample_anchors', 'noise_block_ids', 'block_position_ids', 'label_indices', 'block_labels',
-           'decay_weights', 'loss_weights', 'gru_input_ids']
+__all__ = ['document_bounds', 'NoValidAnchorsError', 'anchor_candidates', 'sample_anchors', 'noise_block_ids',
+           'block_position_ids', 'label_indices', 'block_labels', 'decay_weights', 'loss_weights', 'gru_input_ids']
+
+# %% ../nbs/01_blocks.ipynb #b07ed6de
+def document_bounds(position_ids: Tensor,  # [B, S]: 0, 1, 2, ... within each document, restarting at 0 per document
+                   ) -> tuple[Tensor, Tensor]:  # start, end: Long[B, S]; token s lies in document [start[s], end[s])
+    "Each token's document span `[start, end)` in a packed row, read off `position_ids` (a document starts where its position is 0)."
+    if position_ids.dim() != 2: raise ValueError(f"position_ids must be [B, S], got shape {tuple(position_ids.shape)}")
+    pos = position_ids.long()
+    B, S = pos.shape
+    steps_ok = (pos[:, 1:] == pos[:, :-1] + 1) | (pos[:, 1:] == 0)
+    if S and not (bool((pos[:, 0] == 0).all()) and bool(steps_ok.all())):
+        raise ValueError("position_ids must count 0, 1, 2, ... inside each packed document and restart at 0 where the next "
+                         f"document starts; got {pos[0, :12].tolist()}... (build packed rows with pack_dataset, notebook 15)")
+    idx = torch.arange(S, device=pos.device).expand(B, S)
+    starts = torch.where(pos == 0, idx, S)                                        # [B, S]: S where no document starts
+    later = torch.cat([starts[:, 1:], starts.new_full((B, 1), S)], 1)             # starts strictly after each s
+    end = later.flip(1).cummin(1).values.flip(1)                                  # the first of them: a running minimum
+    return idx - pos, end
 
 # %% ../nbs/01_blocks.ipynb #0d9fc723
 class NoValidAnchorsError(ValueError):
     "No row of the micro-batch has a position that can start a block (sequence too short, or no supervised token)."
 
-def _no_anchor_reason(loss_mask: Tensor, block_size: int) -> str:
+def _no_anchor_reason(loss_mask: Tensor, block_size: int, packed: bool = False) -> str:
     B, S = loss_mask.shape
     if S < block_size:
         return (f"no valid anchors: sequence length S={S} is shorter than block_size={block_size}, so no block fits "
                 f"(anchors must lie in [0, S - block_size]). Use longer sequences or a smaller block_size.")
     n_sup = int(loss_mask.bool().sum())
+    if packed:
+        return (f"no valid anchors: no packed document of the {B} row(s) has a supervised token (loss_mask == 1) with "
+                f"block_size - 1 = {block_size - 1} tokens after it inside the same document (the batch has {n_sup} "
+                "supervised token(s) in total). Use longer documents or a smaller block_size.")
     return (f"no valid anchors: no supervised token (loss_mask == 1) at any position in [0, S - block_size] = "
             f"[0, {S - block_size}] in any of the {B} row(s) (S={S}, block_size={block_size}; the batch has {n_sup} "
             f"supervised token(s) in total, and one too close to the end cannot start a full block).")
 
 # %% ../nbs/01_blocks.ipynb #a05f6ec1
+def anchor_candidates(loss_mask: Tensor,   # [B, S]
+                      block_size: int,
+                      position_ids: Tensor | None = None,  # [B, S] packed rows (None: one document per row)
+                     ) -> Tensor:          # Bool[B, S - bs + 1]: may position a start a block?
+    "`m[a] = 1` and the whole block `a .. a+bs-1` inside `a`'s document (the row, when unpacked)."
+    C = max(loss_mask.shape[1] - block_size + 1, 0)                     # a <= S - bs (none if S < bs)
+    cand = loss_mask[:, :C].bool()                                      # [B, C]
+    if position_ids is not None:
+        _, end = document_bounds(position_ids)
+        a = torch.arange(C, device=cand.device)
+        cand = cand & (a + block_size <= end[:, :C])                    # no block crosses into the next document
+    return cand
+
 def sample_anchors(loss_mask: Tensor,   # [B, S] 0/1 (or bool): 1 on tokens to learn
                    block_size: int,
                    num_anchors: int,    # max blocks per row
                    generator: torch.Generator | None = None,
+                   position_ids: Tensor | None = None,  # [B, S] packed rows: blocks stay inside one document
                   ) -> tuple[Tensor, Tensor]:  # anchor_positions Long[B, N], block_keep Bool[B, N]
-    "Per row, `min(num_anchors, count)` anchors drawn uniformly without replacement from `{a <= S-bs : m[a]=1}`, sorted; padded with (0, False)."
+    "Per row, `min(num_anchors, count)` anchors drawn uniformly without replacement from `anchor_candidates`, sorted; padded with (0, False)."
     if loss_mask.dim() != 2: raise ValueError(f"loss_mask must be [B, S], got shape {tuple(loss_mask.shape)}")
     if num_anchors < 1: raise ValueError(f"num_anchors must be >= 1, got {num_anchors}")
     B, S = loss_mask.shape
     if S < block_size: raise NoValidAnchorsError(_no_anchor_reason(loss_mask, block_size))
-    cand = loss_mask[:, : S - block_size + 1].bool()                    # [B, C], C = S - bs + 1
+    cand = anchor_candidates(loss_mask, block_size, position_ids)      # [B, C], C = S - bs + 1
     counts = cand.sum(1)                                                # [B]
-    if int(counts.max()) == 0: raise NoValidAnchorsError(_no_anchor_reason(loss_mask, block_size))
+    if int(counts.max()) == 0: raise NoValidAnchorsError(_no_anchor_reason(loss_mask, block_size, position_ids is not None))
     N = min(num_anchors, int(counts.max()))
     gen_device = generator.device if generator is not None else loss_mask.device
     scores = torch.rand(cand.shape, generator=generator, device=gen_device, dtype=torch.float64).to(loss_mask.device)
@@ -70,12 +105,14 @@ def noise_block_ids(input_ids: Tensor,         # [B, S]
 def block_position_ids(anchor_positions: Tensor,  # [B, N]
                        seq_len: int,
                        block_size: int,
+                       position_ids: Tensor | None = None,  # [B, S] packed rows (None: 0..S-1)
                       ) -> Tensor:                 # Long[B, S + N*bs]
-    "RoPE positions of `[context | blocks]`: `0..S-1`, then `a_j + k` for block j, slot k."
+    "RoPE positions of `[context | blocks]`: `pos[0..S-1]`, then `pos[a_j] + k` for block j, slot k (`pos = 0..S-1` unpacked)."
     B, N = anchor_positions.shape
     dev = anchor_positions.device
-    ctx = torch.arange(seq_len, device=dev).expand(B, seq_len)                               # [B, S]
-    blk = anchor_positions[:, :, None] + torch.arange(block_size, device=dev)               # [B, N, bs]
+    if position_ids is None: ctx, first = torch.arange(seq_len, device=dev).expand(B, seq_len), anchor_positions   # [B, S]
+    else: ctx = position_ids.long(); first = ctx.gather(1, anchor_positions)                                    # [B, N]
+    blk = first[:, :, None] + torch.arange(block_size, device=dev)                                             # [B, N, bs]
     return torch.cat([ctx, blk.reshape(B, N * block_size)], dim=1)
 
 # %% ../nbs/01_blocks.ipynb #3d0220eb
@@ -94,8 +131,9 @@ def block_labels(input_ids: Tensor,         # [B, S]
                  block_keep: Tensor,        # [B, N]
                  block_size: int,
                  shift_label: bool,
+                 position_ids: Tensor | None = None,  # [B, S] packed rows: labels end with the anchor's document
                 ) -> tuple[Tensor, Tensor]: # labels Long[B, N, bs], valid Bool[B, N, bs]
-    "Labels gathered at the clamped label index, and which slots count: index < S, kept, supervised, k>0 unless shift."
+    "Labels gathered at the clamped label index, and which slots count: index < end of the anchor's document (S unpacked), kept, supervised, k>0 unless shift."
     B, S = input_ids.shape
     N = anchor_positions.shape[1]
     idx = label_indices(anchor_positions, block_size, shift_label)           # [B, N, bs]
@@ -103,7 +141,8 @@ def block_labels(input_ids: Tensor,         # [B, S]
     labels = input_ids.gather(1, idx_c).reshape(B, N, block_size)
     supervised = loss_mask.bool().gather(1, idx_c).reshape(B, N, block_size)
     k = torch.arange(block_size, device=idx.device)
-    valid = (idx < S) & block_keep[:, :, None] & supervised
+    end = S if position_ids is None else document_bounds(position_ids)[1].gather(1, anchor_positions)[:, :, None]
+    valid = (idx < end) & block_keep[:, :, None] & supervised
     if not shift_label: valid = valid & (k > 0)                               # slot 0 is the anchor itself
     return labels, valid
 

@@ -222,15 +222,19 @@ def build_chat_dataset(tokenizer, rows, seq_length: int, enable_thinking: bool =
 
 # %% ../nbs/11_data.ipynb #2801e8a3
 def collate_chat(batch: list[dict], pad_token_id: int) -> dict:
-    "Right-pad a list of `{'input_ids', 'loss_mask'}` → Long tensors `input_ids`, `loss_mask`, `attention_mask`, each [B, S]."
+    "Right-pad a list of `{'input_ids', 'loss_mask'(, 'position_ids')}` → Long tensors `input_ids`, `loss_mask`, `attention_mask`(, `position_ids`), each [B, S]."
     S = max(len(ex["input_ids"]) for ex in batch)
-    out = {k: torch.zeros(len(batch), S, dtype=torch.long) for k in ("input_ids", "loss_mask", "attention_mask")}
+    keys = ("input_ids", "loss_mask", "attention_mask") + (("position_ids",) if "position_ids" in batch[0] else ())
+    out = {k: torch.zeros(len(batch), S, dtype=torch.long) for k in keys}
     out["input_ids"].fill_(pad_token_id)
     for b, ex in enumerate(batch):
         n = len(ex["input_ids"])
         out["input_ids"][b, :n] = torch.as_tensor(ex["input_ids"])
         out["loss_mask"][b, :n] = torch.as_tensor(ex["loss_mask"])
         out["attention_mask"][b, :n] = 1
+        if "position_ids" in out:             # the padding is one more document: positions restart at 0
+            out["position_ids"][b, :n] = torch.as_tensor(ex["position_ids"])
+            out["position_ids"][b, n:] = torch.arange(S - n)
     return out
 
 # %% ../nbs/11_data.ipynb #41cf715d

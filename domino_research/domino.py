@@ -9,7 +9,7 @@ import torch
 from fastcore.basics import patch
 from torch import Tensor, nn
 
-from .blocks import (NoValidAnchorsError, block_labels, block_position_ids, gru_input_ids,
+from .blocks import (NoValidAnchorsError, block_labels, block_position_ids, document_bounds, gru_input_ids,
                                     loss_weights, noise_block_ids, sample_anchors)
 from .config import ConfigError
 from .draft import DFlashDraftModel
@@ -76,11 +76,13 @@ class DFlashTrainer(nn.Module):
 
 # %% ../nbs/05_domino.ipynb #c38b0cf6
 @patch
-def _anchors(self: DFlashTrainer, input_ids, loss_mask, anchor_positions, block_keep, generator):
+def _anchors(self: DFlashTrainer, input_ids, loss_mask, anchor_positions, block_keep, generator, position_ids=None):
     "Sampled (notebook 01) or explicit anchors `[B, N]` and keep flags; NoValidAnchorsError if no block is kept."
     bs, S = self.draft.dflash.block_size, input_ids.shape[1]
+    if position_ids is not None and tuple(position_ids.shape) != tuple(input_ids.shape):
+        raise ValueError(f"position_ids {tuple(position_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}.")
     if anchor_positions is None:
-        return sample_anchors(loss_mask, bs, self.num_anchors, generator=generator)
+        return sample_anchors(loss_mask, bs, self.num_anchors, generator=generator, position_ids=position_ids)
     anchor_positions = anchor_positions.to(input_ids.device).long()
     if block_keep is None: block_keep = torch.ones_like(anchor_positions, dtype=torch.bool)
     block_keep = block_keep.to(input_ids.device).bool()
@@ -89,21 +91,28 @@ def _anchors(self: DFlashTrainer, input_ids, loss_mask, anchor_positions, block_
                          f"must both be [B={input_ids.shape[0]}, N].")
     bad = anchor_positions[block_keep & ((anchor_positions < 0) | (anchor_positions >= S))]
     if bad.numel(): raise ValueError(f"anchor positions {bad.tolist()} are outside the sequence [0, {S}).")
+    if position_ids is not None:                     # packed: a block must not run into the next document
+        end = document_bounds(position_ids)[1].gather(1, anchor_positions.clamp(0, S - 1))
+        cross = anchor_positions[block_keep & (anchor_positions + bs > end)]
+        if cross.numel(): raise ValueError(f"anchor positions {cross.tolist()} start blocks of {bs} that run past the end of "
+                                           "their packed document; a block must lie inside one document.")
     if not block_keep.any(): raise NoValidAnchorsError("every explicit block has block_keep=False: nothing to train on.")
     return anchor_positions, block_keep
 
 @patch
-def _backbone(self: DFlashTrainer, input_ids, target_hidden, anchors, keep):
-    "Noise block → positions → mask → draft: `z [B, N, bs, H]`."
+def _backbone(self: DFlashTrainer, input_ids, target_hidden, anchors, keep, position_ids=None):
+    "Noise block → positions → mask → draft: `z [B, N, bs, H]`; packed rows: per-document positions and context."
     dfl, (B, S) = self.draft.dflash, input_ids.shape
     bs, N = dfl.block_size, anchors.shape[1]
     if tuple(target_hidden.shape[:2]) != (B, S):
         raise ValueError(f"target_hidden {tuple(target_hidden.shape)} does not match input_ids {(B, S)} in [B, S].")
     ids = noise_block_ids(input_ids, anchors, keep, bs, dfl.mask_token_id)                 # [B, N, bs]
     with torch.no_grad(): noise = self.target_embed(ids).reshape(B, N * bs, -1)           # [B, N*bs, H], frozen
-    pos = block_position_ids(anchors, S, bs)                                               # [B, S + N*bs]
-    if self.attention_backend == "flex_attention": mask = flex_block_mask(anchors, keep, S, bs, device=input_ids.device)
-    else: mask = dense_block_mask(anchors, keep, S, bs, dtype=self.draft.fc.weight.dtype)  # [B, 1, N*bs, S + N*bs]
+    pos = block_position_ids(anchors, S, bs, position_ids)                                 # [B, S + N*bs]
+    start = None if position_ids is None else anchors - position_ids.long().gather(1, anchors)   # [B, N] document starts
+    if self.attention_backend == "flex_attention":
+        mask = flex_block_mask(anchors, keep, S, bs, device=input_ids.device, context_start=start)
+    else: mask = dense_block_mask(anchors, keep, S, bs, dtype=self.draft.fc.weight.dtype, context_start=start)  # [B, 1, N*bs, S + N*bs]
     return self.draft(target_hidden, noise, pos, attention_mask=mask).reshape(B, N, bs, -1)
 
 @patch
@@ -128,11 +137,13 @@ def _metric_sums(pred, labels, valid, has_valid):
     return correct.sum(), (accept_len(pred == labels, valid) * has_valid).sum()
 
 @patch
-def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base):
+def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base,
+          position_ids=None):
     dfl = self.draft.dflash
-    anchors, keep = self._anchors(input_ids, loss_mask, anchor_positions, block_keep, generator)
-    z = self._backbone(input_ids, target_hidden, anchors, keep)                              # [B, N, bs, H]
-    labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label)  # [B, N, bs]
+    anchors, keep = self._anchors(input_ids, loss_mask, anchor_positions, block_keep, generator, position_ids)
+    z = self._backbone(input_ids, target_hidden, anchors, keep, position_ids)                # [B, N, bs, H]
+    labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label,
+                                 position_ids=position_ids)                                  # [B, N, bs]
     w = loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)                          # [B, N, bs]
     s, use_delta = self._head_states(input_ids, anchors, z)
     head = dict(head_input=self.draft.head_input(z, s), **self.draft.head_ce_inputs()) if s is not None else {}
@@ -154,15 +165,15 @@ def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_posit
 
 @patch
 def forward(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions=None, block_keep=None,
-             generator=None) -> dict:
-    "One micro-batch: `dict` of 0-dim tensors, `loss` (= L_base) with grad; see the table above."
-    return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, 1.0)
+             generator=None, position_ids=None) -> dict:
+    "One micro-batch (packed rows: with their `position_ids`): `dict` of 0-dim tensors, `loss` (= L_base) with grad."
+    return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, 1.0, position_ids)
 
 @patch
-def block_logits(self: DFlashTrainer, input_ids, target_hidden, anchor_positions, block_keep=None) -> dict:
+def block_logits(self: DFlashTrainer, input_ids, target_hidden, anchor_positions, block_keep=None, position_ids=None) -> dict:
     "Full `base` and `final` logits `[B, N, bs, V]` of explicit blocks (tests/analysis; materialises V)."
-    anchors, keep = self._anchors(input_ids, None, anchor_positions, block_keep, None)
-    z = self._backbone(input_ids, target_hidden, anchors, keep)
+    anchors, keep = self._anchors(input_ids, None, anchor_positions, block_keep, None, position_ids)
+    z = self._backbone(input_ids, target_hidden, anchors, keep, position_ids)
     base = z @ self.target_lm_head.weight.T                                                  # [B, N, bs, V]
     s, use_delta = self._head_states(input_ids, anchors, z)
     if s is None: return dict(base=base, final=base)
@@ -182,7 +193,8 @@ class DominoTrainer(DFlashTrainer):
         return s, use_delta                                                                   # [B, N, bs, G]
 
     def forward(self, input_ids, loss_mask, target_hidden, anchor_positions=None, block_keep=None, generator=None,
-                lambda_base: float = 1.0) -> dict:
+                lambda_base: float = 1.0, position_ids=None) -> dict:
         "One micro-batch with weight `lambda_base` (λ) on the base loss; `dict` of 0-dim tensors, `loss` with grad."
         if not 0.0 <= float(lambda_base) <= 1.0: raise ValueError(f"lambda_base={lambda_base!r} must be in [0, 1].")
-        return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, float(lambda_base))
+        return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, float(lambda_base),
+                          position_ids)

@@ -17,40 +17,43 @@ def reference_block_mask(anchor_positions: Tensor,  # [B, N]
                          block_keep: Tensor,        # [B, N]
                          seq_len: int,
                          block_size: int,
+                         context_start: Tensor | None = None,  # [B, N] first context key of each block (its document's start)
                         ) -> Tensor:                 # Bool[B, N*bs, S + N*bs]
     "Plain-Python reference of the block mask (slow; for tests): True where query may attend to key."
     a, keep = anchor_positions.tolist(), block_keep.tolist()
     B, N, S, bs = len(a), len(a[0]) if a else 0, seq_len, block_size
+    start = context_start.tolist() if context_start is not None else [[0] * N for _ in range(B)]
     out = torch.zeros(B, N * bs, S + N * bs, dtype=torch.bool)
     for b in range(B):
         for j in range(N):
             for qk in range(bs):
                 q = j * bs + qk
                 for kv in range(S + N * bs):
-                    if kv < S: ok = keep[b][j] and kv < a[b][j]      # context strictly before the anchor
-                    else: ok = (kv - S) // bs == j                   # own block only
+                    if kv < S: ok = keep[b][j] and start[b][j] <= kv < a[b][j]   # own document, strictly before the anchor
+                    else: ok = (kv - S) // bs == j                               # own block only
                     out[b, q, kv] = ok
     return out
 
 # %% ../nbs/02_masks.ipynb #56f3719e
-def _block_mask_mod(anchor_positions: Tensor, block_keep: Tensor, seq_len: int, block_size: int):
+def _block_mask_mod(anchor_positions: Tensor, block_keep: Tensor, seq_len: int, block_size: int, context_start=None):
     "The rule as a FlexAttention mask_mod (also works on broadcast index grids)."
     S, bs, last = seq_len, block_size, anchor_positions.shape[1] - 1
     def mask_mod(b, h, q_idx, kv_idx):
         j = (q_idx // bs).clamp(max=last)                                      # query's block
         ctx = (kv_idx < S) & (kv_idx < anchor_positions[b, j]) & block_keep[b, j]
+        if context_start is not None: ctx = ctx & (kv_idx >= context_start[b, j])   # packed: own document only
         own = (kv_idx >= S) & ((kv_idx - S) // bs == j)                        # floor division: <0 for context keys
         return ctx | own
     return mask_mod
 
-def _grid_mask(anchor_positions, block_keep, seq_len, block_size) -> Tensor:
+def _grid_mask(anchor_positions, block_keep, seq_len, block_size, context_start=None) -> Tensor:
     "Evaluate the mask_mod on the full broadcast grid: Bool[B, N*bs, S + N*bs]."
     B, N = anchor_positions.shape
     dev = anchor_positions.device
     b = torch.arange(B, device=dev)[:, None, None]                                  # [B, 1, 1]
     q = torch.arange(N * block_size, device=dev)[None, :, None]                     # [1, Q, 1]
     kv = torch.arange(seq_len + N * block_size, device=dev)[None, None, :]          # [1, 1, K]
-    return _block_mask_mod(anchor_positions, block_keep, seq_len, block_size)(b, None, q, kv)
+    return _block_mask_mod(anchor_positions, block_keep, seq_len, block_size, context_start)(b, None, q, kv)
 
 # %% ../nbs/02_masks.ipynb #3e83bbc8
 def dense_block_mask(anchor_positions: Tensor,  # [B, N]
@@ -58,9 +61,10 @@ def dense_block_mask(anchor_positions: Tensor,  # [B, N]
                      seq_len: int,
                      block_size: int,
                      dtype: torch.dtype = torch.float32,
+                     context_start: Tensor | None = None,  # [B, N] packed rows: each block's document start
                     ) -> Tensor:                 # [B, 1, N*bs, S + N*bs], 0 = attend, -inf = masked
     "Additive SDPA mask of the block rule, built by broadcasting."
-    allowed = _grid_mask(anchor_positions, block_keep, seq_len, block_size)            # [B, Q, K]
+    allowed = _grid_mask(anchor_positions, block_keep, seq_len, block_size, context_start)   # [B, Q, K]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=anchor_positions.device)
     return mask.masked_fill(~allowed, float("-inf"))[:, None]
 
@@ -71,11 +75,13 @@ def flex_block_mask(anchor_positions: Tensor,  # [B, N]
                     block_size: int,
                     device=None,               # default: anchor_positions.device
                     BLOCK_SIZE: int | tuple[int, int] = 128,  # Flex tile size (tests use small tiles)
+                    context_start: Tensor | None = None,     # [B, N] packed rows: each block's document start
                    ) -> BlockMask:              # Q_LEN = N*bs, KV_LEN = S + N*bs, heads broadcast
     "FlexAttention BlockMask of the block rule, same rule as `dense_block_mask`."
     device = torch.device(device) if device is not None else anchor_positions.device
     a, keep = anchor_positions.to(device), block_keep.to(device)
+    start = context_start.to(device) if context_start is not None else None
     B, N = a.shape
-    mod = _block_mask_mod(a, keep, seq_len, block_size)
+    mod = _block_mask_mod(a, keep, seq_len, block_size, start)
     return create_block_mask(mod, B=B, H=None, Q_LEN=N * block_size, KV_LEN=seq_len + N * block_size,
                              device=device, BLOCK_SIZE=BLOCK_SIZE)

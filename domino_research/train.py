@@ -28,6 +28,7 @@ from .target import check_target_path, load_target, capture_features, target_emb
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
 from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
+from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'EVAL_METRICS', 'RECIPES',
@@ -51,6 +52,7 @@ class DFlashTrainConfig:
     seq_length: int = 3072                     # tokens per sample after truncation
     max_train_samples: Optional[int] = None    # cap on training rows (None = all)
     max_eval_samples: Optional[int] = None     # cap on validation rows
+    packing: bool = False                      # several conversations per row, kept apart (notebook 15)
     # -- draft
     draft_num_hidden_layers: int = 5
     draft_intermediate_size: Optional[int] = None  # MLP width of each draft layer (None = the target's)
@@ -484,9 +486,12 @@ class TrainDFlashRecipe:
         self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
+        if cfg.packing: self._pack_datasets()
         self._check_has_anchors()
         if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
+        if cfg.packing:                                     # the target must keep packed conversations apart
+            check_target_separates_documents(self.target, self.dflash.target_layer_ids, stop_early=not cfg.shard_target)
         self.draft = self._build_draft()
         self.trainer = self._build_trainer_module()
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
@@ -581,6 +586,18 @@ def _check_has_anchors(self: TrainDFlashRecipe):
                           f"is a supervised token with block_size - 1 tokens after it within seq_length="
                           f"{self.cfg.seq_length}); lower block_size or raise seq_length")
 
+# %% ../nbs/34_train.ipynb #a0d1801f
+@patch
+def _pack_datasets(self: TrainDFlashRecipe):
+    "`packing`: the tokenised conversations packed into rows of <= seq_length (notebook 15); refused if no conversation holds a block."
+    cfg, out = self.cfg, []
+    for key, ds in (("train_data", self.train_set), ("eval_data", self.eval_set)):
+        packed = None if ds is None else pack_dataset(ds, cfg.seq_length)
+        if packed is not None: self.print(packing_summary(ds, packed, cfg.seq_length, key))
+        out.append(packed)
+    check_packed_blocks(out[0], cfg.block_size, "train_data")
+    self.train_set, self.eval_set = out
+
 # %% ../nbs/34_train.ipynb #731d7b60
 @patch
 def _load_target(self: TrainDFlashRecipe):
@@ -660,15 +677,19 @@ def _collate(self: TrainDFlashRecipe, dataset, rows: list[int]) -> dict:
 
 @patch
 def _features(self: TrainDFlashRecipe, batch) -> torch.Tensor:
-    # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target
-    return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, batch["attention_mask"],
+    # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target.
+    # Packed rows: no padding mask, so the target reads the documents off the restarting positions (notebook 15)
+    packed = "position_ids" in batch
+    return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids,
+                            None if packed else batch["attention_mask"], position_ids=batch.get("position_ids"),
                             stop_early=not self.cfg.shard_target)
 
 @patch
 def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
     "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
     try: batch["anchor_positions"], batch["block_keep"] = sample_anchors(
-            batch["loss_mask"], self.cfg.block_size, self.cfg.num_anchors, generator=generator)
+            batch["loss_mask"], self.cfg.block_size, self.cfg.num_anchors, generator=generator,
+            position_ids=batch.get("position_ids"))
     except NoValidAnchorsError: return False
     return True
 
@@ -676,7 +697,7 @@ def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
 def _weight_sum(self: TrainDFlashRecipe, batch) -> torch.Tensor:
     "Σw of the micro-batch's loss (notebook 01), known before the forward so the window can be normalised up front."
     _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
-                            self.cfg.block_size, self.dflash.shift_label)
+                            self.cfg.block_size, self.dflash.shift_label, position_ids=batch.get("position_ids"))
     return loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum().double()   # 0-dim, on the device; float64 like the window scale
 
 @patch
@@ -693,7 +714,7 @@ def _reduce(self: TrainDFlashRecipe, values: list, op: str) -> list[float]:
 def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, **kw) -> dict:
     model = model if model is not None else self.model
     return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
-                 block_keep=batch["block_keep"], **kw)
+                 block_keep=batch["block_keep"], position_ids=batch.get("position_ids"), **kw)
 
 @patch
 def _train_metric_sums(self: TrainDFlashRecipe, out) -> dict:

@@ -1,10 +1,11 @@
 """The training recipe end to end: CLI, multi-process (gloo) symmetry, kill/resume, atomic checkpoints,
 gradient accumulation, skipped micro-batches, bad configs and the papermill notebook."""
-import json, os, random, signal, socket, subprocess, sys, time
+import json, os, random, re, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from conftest import REPO, write_config, write_jsonl, _chat
@@ -34,12 +35,14 @@ def train_cli(cfg_path, *args, timeout=300, **popen):
 
 
 # ------------------------------------------------------------------ multi-process symmetry
-@pytest.mark.parametrize("shard", [False, True])
-def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard):
-    "Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank."
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev"})
+@pytest.mark.parametrize("shard,packing", [(False, False), (True, False), (True, True)])
+def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard, packing):
+    """Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank;
+    also with packed rows (the setup's probe of the target's document mask is then a collective forward)."""
+    extra = {"packing": True, "seq_length": 192} if packing else {}
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev", **extra})
     one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
-    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard})
+    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard, **extra})
     two = run_worker("eval", cfg, tmp_path / "two", nproc=2)
     assert two[0]["world"] == 2 and one["world"] == 1
     keys = [k for k in one if k.startswith("eval/")]
@@ -247,3 +250,36 @@ def test_papermill_train_notebook(tiny, tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "runs" / "pm" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]      # max_steps=2 reached the recipe: parameters were injected
     assert (tmp_path / "runs" / "pm" / "plots" / "training.png").exists()
+
+
+# ------------------------------------------------------------------ packing
+def test_cli_packing_trains_and_resumes_bitwise(tiny, tmp_path):
+    """`--packing true`: the conversations are packed (fewer rows, the step count follows them), training runs from the
+    CLI, and resuming a packed run from a mid-run checkpoint ends bitwise where the uninterrupted run ended."""
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1,
+                                             "keep_checkpoints": 4, "max_steps": 4, "seq_length": 192})
+    p = train_cli(cfg, "--run_name", "straight", "--packing", "true")
+    assert p.returncode == 0, p.stderr[-4000:]
+    m = re.search(r"packing train_data: (\d+) conversations → (\d+) rows", p.stdout)
+    assert m and int(m.group(2)) < int(m.group(1)) == 24, p.stdout[-2000:]
+    straight = tmp_path / "runs" / "straight"
+    assert yaml.safe_load((straight / "config.yaml").read_text())["packing"] is True
+    rows = [json.loads(l) for l in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and rows[-1]["eval/loss"] > 0
+    resumed = tmp_path / "runs" / "resumed"                       # the same run, as if it had stopped after step 2
+    shutil.copytree(straight, resumed)
+    for gone in ("checkpoints/step-3", "checkpoints/step-4", "draft"): shutil.rmtree(resumed / gone, ignore_errors=True)
+    (resumed / "summary.json").unlink(missing_ok=True)
+    p = train_cli(cfg, "--run_name", "resumed", "--packing", "true", "--resume", "latest")
+    assert p.returncode == 0, p.stderr[-4000:]
+    a, b = _weights(straight), _weights(resumed)
+    for k in a: assert torch.equal(a[k], b[k]), k
+
+
+def test_cli_packing_block_too_long_for_every_conversation(tiny, tmp_path):
+    "No packed conversation holds a block: one line naming block_size and packing, before training."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs")})
+    p = train_cli(cfg, "--run_name", "big", "--packing", "true", "--block_size", "90")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "block_size" in p.stderr and "packing: true" in p.stderr and len(p.stderr.strip().splitlines()) <= 3, p.stderr
+    assert not (tmp_path / "runs" / "big").exists()
