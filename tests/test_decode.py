@@ -128,6 +128,23 @@ def test_bench_decode_standard_prompt_sets(toy, tmp_path):
     assert len(errors) == 1 and errors[0].startswith("error: bench decode: could not load"), r.stderr   # (weight-loading bars aside)
 
 
+def test_bench_decode_temperature(toy):
+    "--temperature > 0 samples: tau reported, lossless null with the reason, the same figures for the same --sample_seed."
+    out = []
+    for _ in range(2):
+        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 2,
+                   "--max_new_tokens", 8, "--temperature", 0.8, "--sample_seed", 4, "--per_prompt", "--json")
+        assert r.returncode == 0, r.stderr
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    res = out[0]
+    assert res["temperature"] == 0.8 and res["lossless"] is None and "in distribution" in res["lossless_check"]
+    assert 1 <= res["tau"] <= 4 and res["tau_gain_head"]["lo"] <= res["tau_gain_head"]["ratio"] <= res["tau_gain_head"]["hi"]
+    assert [p["committed_spec"] for p in res["per_prompt"]] == [p["committed_spec"] for p in out[1]["per_prompt"]]
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 1,
+               "--max_new_tokens", 4, "--temperature", 0.8)
+    assert r.returncode == 0 and "lossless in distribution" in r.stdout, (r.stdout, r.stderr)
+
+
 # ---------------------------------------------------------------- the embedded target (notebook 13)
 
 def _embedded():
