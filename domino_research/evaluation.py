@@ -252,8 +252,7 @@ def _head_gain(rows: list[dict]) -> dict | None:
     "τ with head / τ backbone only: ratio of per-prompt means with a paired bootstrap 95 % interval (None: no τ to compare)."
     ok = [r for r in rows if np.isfinite(r["tau_spec"]) and np.isfinite(r["tau_base"])]
     if not ok: return None
-    groups = [r["group"] for r in ok] if ok[0]["group"] is not None else None
-    return paired_bootstrap_ratio([r["tau_spec"] for r in ok], [r["tau_base"] for r in ok], groups=groups, n_boot=10_000, seed=0)
+    return paired_bootstrap_ratio([r["tau_spec"] for r in ok], [r["tau_base"] for r in ok], n_boot=10_000, seed=0)
 
 def _tau_by_loops(rows: list[dict], variants) -> dict:
     "τ of each variant over the prompts whose target continuation loops, and over the others (None where there are none)."
