@@ -199,16 +199,36 @@ def main(argv=None):
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 
 # %% ../nbs/33_bench.ipynb #d3c0de02
+def _seed_or_none(s):
+    "An argparse `type`: an integer >= 0, or `none` (the first prompts in file order)."
+    return None if s.lower() == "none" else _int_at_least(0)(s)
+
+def _column_or_none(s): return None if s.lower() == "none" else s
+
+def _temperature(s):
+    try: v = float(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not 0.0 <= v < float("inf"): raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0: greedy), got {s}")
+    return v
+
 def _add_decode_parser(sub):
     d = signature_defaults(decode_bench)                                  # the defaults are the function's
     p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--draft", required=True, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir")
     p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
-    p.add_argument("--prompts", default=d["prompts"], help="JSONL of chats or {\"prompt\": ...} rows (None: the embedded test split)")
-    p.add_argument("--n_prompts", type=_pos, default=d["n_prompts"])
+    p.add_argument("--prompts", default=d["prompts"], help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
+                   "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)")
+    p.add_argument("--prompt_split", default=d["prompt_split"], help="split of a hub dataset / folder with several (e.g. test)")
+    p.add_argument("--n_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set")
+    p.add_argument("--prompt_seed", type=_seed_or_none, default=d["prompt_seed"], help="seed of the prompt sample (none: first rows in file order)")
+    p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
+                   help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
     p.add_argument("--max_new_tokens", type=_pos, default=d["max_new_tokens"])
     p.add_argument("--candidate_k", type=_pos, action="append", default=list(d["candidate_k"]), help="also decode with a top-K candidate pool (repeatable)")
+    p.add_argument("--temperature", type=_temperature, default=d["temperature"],
+                   help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
+    p.add_argument("--sample_seed", type=_int_at_least(0), default=d["sample_seed"], help="seed of the draws at temperature > 0")
     p.add_argument("--threads", type=_pos, default=d["threads"], help="torch CPU threads (None: torch's)")
     p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -216,7 +236,9 @@ def _add_decode_parser(sub):
 
 def _cmd_decode(a):
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
-                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json)
+                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
+                      prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
+                      temperature=a.temperature, sample_seed=a.sample_seed)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 

@@ -6,22 +6,25 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from .config import dumps_strict
-from .data import ChatDataError, _read_jsonl, loops, normalize_chat_row
-from .decode import StepTimer, check_draft_fits, greedy_generate, speculative_generate
+from .config import dumps_strict, looks_local
+from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row
+from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generate, speculative_generate
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
 from .export import find_draft_dir, load_draft
+from .stats import paired_bootstrap_ratio
 from .target import load_target
 
 # %% auto #0
-__all__ = ['prompt_messages', 'load_prompts', 'encode_prompt', 'stop_token_ids', 'evaluate_draft', 'plot_eval', 'write_eval',
-           'decode_bench']
+__all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
+           'stop_token_ids', 'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench']
 
 # %% ../nbs/32_evaluation.ipynb #d09b2cc9
 def prompt_messages(messages: list[dict], where: str) -> list[dict]:
@@ -33,19 +36,65 @@ def prompt_messages(messages: list[dict], where: str) -> list[dict]:
                             "needs a user turn, optionally followed by the assistant's answer")
     return prompt
 
-def load_prompts(path) -> list[list[dict]]:
-    "Prompt chats (lists of {role, content}) from a JSONL file; rows checked first, errors name file and line."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"prompts file {p} does not exist")
-    out = []
-    for where, row in _read_jsonl(p):
-        if isinstance(row, dict) and "prompt" in row:
-            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
-                raise ChatDataError(f"{where}: 'prompt' must be a non-empty string, got {str(row['prompt'])[:80]!r}")
-            out.append([{"role": "user", "content": row["prompt"]}])
-        else: out.append(prompt_messages(normalize_chat_row(row, where)["messages"], where))
-    if not out: raise ChatDataError(f"{p}: no prompts (the file is empty)")
+def _user_turn(text, key: str, where: str) -> list[dict]:
+    if not isinstance(text, str) or not text.strip():
+        raise ChatDataError(f"{where}: {key!r} must be a non-empty string, got {str(text)[:80]!r}")
+    return [{"role": "user", "content": text}]
+
+def _chat_prompt(row, where): return prompt_messages(normalize_chat_row(row, where)["messages"], where)
+
+def _mt_bench_prompt(row, where):
+    turns = row["turns"]                                  # the first turn only (see above)
+    if not isinstance(turns, (list, tuple)) or not turns:
+        raise ChatDataError(f"{where}: 'turns' must be a non-empty list of strings, got {str(turns)[:80]!r}")
+    return _user_turn(turns[0], "turns[0]", where)
+
+def _alpaca_prompt(row, where):
+    msg, extra = _user_turn(row["instruction"], "instruction", where), row.get("input")
+    if isinstance(extra, str) and extra.strip(): msg[0]["content"] += "\n\n" + extra
+    return msg
+
+# (schema, columns that identify it, the prompt of a row), tried in this order on each row
+PROMPT_SCHEMAS = (
+    ("chat", ("messages",), _chat_prompt),
+    ("sharegpt", ("conversations",), _chat_prompt),
+    ("mt_bench", ("turns",), _mt_bench_prompt),
+    ("humaneval", ("prompt", "task_id"), lambda r, w: _user_turn(r["prompt"], "prompt", w)),
+    ("gsm8k", ("question",), lambda r, w: _user_turn(r["question"], "question", w)),
+    ("alpaca", ("instruction",), _alpaca_prompt),
+    ("prompt", ("prompt",), lambda r, w: _user_turn(r["prompt"], "prompt", w)),
+)
+_ID_COLUMNS = ("question_id", "task_id", "id", "name")
+
+def prompt_record(row, where: str, index: int) -> dict:
+    "One row of a prompt set as `{index, id, schema, messages, row}`; a row in no known schema fails naming its columns."
+    if not isinstance(row, dict): raise ChatDataError(f"{where}: expected a JSON object, got {type(row).__name__}: {str(row)[:80]!r}")
+    cols = [k for k, v in row.items() if v is not None]    # datasets fills a column missing from a row with None
+    for name, need, build in PROMPT_SCHEMAS:
+        if all(c in cols for c in need):
+            pid = next((row[c] for c in _ID_COLUMNS if row.get(c) is not None), f"#{index}")
+            return dict(index=index, id=str(pid), schema=name, messages=build(row, where), row=row)
+    accepted = "; ".join(f"{name} ({' + '.join(need)})" for name, need, _ in PROMPT_SCHEMAS)
+    raise ChatDataError(f"{where}: no known prompt schema in columns {sorted(cols)}; accepted: {accepted}")
+
+# %% ../nbs/32_evaluation.ipynb #d862ed6a
+def read_prompts(source, split: str | None = None) -> list[dict]:
+    "Every prompt of a JSONL / JSON / parquet file, a hub dataset name (with `split`) or a list of rows, as `prompt_record`s."
+    if isinstance(source, (list, tuple)): items = [(f"row {i}", r) for i, r in enumerate(source)]
+    else:
+        p = Path(source)
+        tabular = p.suffix in (".parquet", ".arrow", ".csv") or (p.suffix == ".json" and not _looks_like_json_lines(p))
+        if p.is_file() and not tabular: items = _read_jsonl(p)          # JSON Lines (also .gz): errors name the line
+        elif p.is_file(): items = _load_with_datasets(str(p), split)
+        elif looks_local(source) or p.exists(): raise FileNotFoundError(f"prompts file {p} does not exist")
+        else: items = _load_with_datasets(str(source), split)             # a hub name: `datasets` (offline: one line)
+    out = [prompt_record(row, where, i) for i, (where, row) in enumerate(items)]   # every row checked first
+    if not out: raise ChatDataError(f"{source}: no prompts (the file is empty)")
     return out
+
+def load_prompts(source, split: str | None = None) -> list[list[dict]]:
+    "Prompt chats (lists of {role, content}) of a prompt set, in source order (see `read_prompts`)."
+    return [r["messages"] for r in read_prompts(source, split)]
 
 # %% ../nbs/32_evaluation.ipynb #61566c8a
 def encode_prompt(tokenizer, messages: list[dict], enable_thinking: bool = False) -> torch.Tensor:
@@ -58,6 +107,31 @@ def stop_token_ids(tokenizer) -> list[int]:
     ids = [tokenizer.get_vocab()["<|im_end|>"]] if "<|im_end|>" in tokenizer.get_vocab() else []
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids: ids.append(tokenizer.eos_token_id)
     return ids
+
+# %% ../nbs/32_evaluation.ipynb #1f61f442
+def _strata_key(records: list[dict], stratify_by):
+    if stratify_by == "auto": stratify_by = "module" if records and all(r["row"].get("module") is not None for r in records) else None
+    if stratify_by is None: return None, None
+    missing = [r for r in records if r["row"].get(stratify_by) is None]
+    if missing: raise ChatDataError(f"stratify_by={stratify_by!r}: prompt {missing[0]['id']} (row {missing[0]['index']}) has no "
+                                    f"{stratify_by!r} column; name a column every row has, or pass None for a uniform sample")
+    return stratify_by, lambda r: str(r["row"][stratify_by])
+
+def sample_prompts(records: list[dict], n: int, seed: int | None = 0, stratify_by: str | None = "auto") -> list[dict]:
+    "`n` of `records` (all if fewer): seeded round-robin over the strata of column `stratify_by`, or a seeded uniform sample."
+    col, key = _strata_key(records, stratify_by)
+    if seed is None: picked = list(range(min(n, len(records))))
+    elif key is None: picked = np.random.default_rng(seed).permutation(len(records))[:n].tolist()
+    else:
+        rng, strata = np.random.default_rng(seed), {}
+        for i, r in enumerate(records): strata.setdefault(key(r), []).append(i)
+        names = sorted(strata)
+        queues = [[strata[names[g]][k] for k in rng.permutation(len(strata[names[g]]))] for g in rng.permutation(len(names))]
+        picked, depth = [], 0
+        while len(picked) < min(n, len(records)):       # one prompt of every stratum per round, strata in seeded order
+            picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
+            depth += 1
+    return [{**records[i], "group": key(records[i]) if key else None, "stratify_by": col} for i in picked]
 
 # %% ../nbs/32_evaluation.ipynb #aec0bd9f
 def _load_target(target):
@@ -95,45 +169,62 @@ def _check_counts(**counts):
 
 @torch.no_grad()
 def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
-                   candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False) -> dict:
-    "Speculative vs plain greedy decoding of `target` on `n_prompts` prompts: τ, acceptance, speed, losslessness."
+                   candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False,
+                   prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
+                   temperature: float = 0.0, sample_seed: int = 0) -> dict:
+    "Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed, losslessness."
     _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
+    if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
+        raise ValueError(f"prompt_seed must be an integer >= 0 (or None: the first rows in file order), got {prompt_seed!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    sampled = temperature > 0
     model, tok = _load_target(target)
     draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir)
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     draft = draft.to(device=dev, dtype=dtype).eval()                 # bf16 with a bf16 target (RoPE stays fp32)
     d = check_draft_fits(draft, model)                           # bad pairs fail before any decoding
     src = prompts if prompts is not None else _default_prompts()
-    chats = load_prompts(src)[:n_prompts]
-    enc, stops = [encode_prompt(tok, m, enable_thinking) for m in chats], stop_token_ids(tok)
+    sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
+    enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok)
     variants = {"spec": dict(use_head=True)}
     if d.is_domino:
         variants["base"] = dict(use_head=False)
         variants.update({f"k{k}": dict(candidate_k=int(k)) for k in candidate_ks})
-    for ids in enc[:warmup]:                                     # untimed: lazy initialisation of both paths
-        greedy_generate(model, ids, max_new_tokens, stops); speculative_generate(model, draft, ids, max_new_tokens, stops)
+    def reference(ids, rec):                                     # plain decoding of the target: greedy, or sampled
+        if not sampled: return greedy_generate(model, ids, max_new_tokens, stops)
+        return sample_generate(model, ids, max_new_tokens, stops, temperature, _generator(sample_seed, rec))
+    def sampling(rec): return dict(temperature=temperature, generator=_generator(sample_seed, rec)) if sampled else {}
+    for ids, rec in list(zip(enc, sample))[:warmup]:             # untimed: lazy initialisation of both paths
+        reference(ids, rec); speculative_generate(model, draft, ids, max_new_tokens, stops, **sampling(rec))
     per_prompt, stats, secs, timers = [], {v: [] for v in variants}, {v: 0.0 for v in ["greedy", *variants]}, []
     n_tokens, lossless = 0, True
-    for i, ids in enumerate(enc):
-        t0 = time.perf_counter(); ref = greedy_generate(model, ids, max_new_tokens, stops); secs["greedy"] += time.perf_counter() - t0
+    for i, (ids, rec) in enumerate(zip(enc, sample)):
+        t0 = time.perf_counter(); ref = reference(ids, rec); secs["greedy"] += time.perf_counter() - t0
         n_tokens += len(ref)
-        row = dict(prompt_tokens=ids.shape[1], new_tokens=len(ref), loops=loops(tok.decode(ref), ref))
+        row = dict(prompt_id=rec["id"], prompt_index=rec["index"], group=rec["group"], prompt_tokens=ids.shape[1],
+                   new_tokens=len(ref), loops=loops(tok.decode(ref), ref))
         for name, kw in variants.items():
             timer = StepTimer(sync=dev.type == "cuda")
             t0 = time.perf_counter()
-            toks, st = speculative_generate(model, draft, ids, max_new_tokens, stops, timer=timer, **kw)
+            toks, st = speculative_generate(model, draft, ids, max_new_tokens, stops, timer=timer, **kw, **sampling(rec))
             secs[name] += time.perf_counter() - t0
             if name == "spec": timers.append(timer)
             stats[name].append(st)
-            row[f"tau_{name}"], row[f"lossless_{name}"] = st["tau"], toks == ref
+            row[f"tau_{name}"], row[f"lossless_{name}"] = st["tau"], None if sampled else toks == ref
             row[f"committed_{name}"], row[f"verify_steps_{name}"] = st["committed"], st["verify_steps"]
             lossless &= toks == ref
         per_prompt.append(row)
-        if verbose: print(f"prompt {i}: {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")
+        if verbose: print(f"prompt {i} ({rec['id']}): {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")
+    if sampled: lossless = None
     spec = _sum_stats(stats["spec"])
     base = _sum_stats(stats["base"]) if "base" in stats else spec
     res = dict(n_prompts=len(enc), max_new_tokens=max_new_tokens, block_size=d.block_size, shift_label=d.shift_label,
-               projector_type=d.projector_type, new_tokens=n_tokens, lossless=bool(lossless),
+               projector_type=d.projector_type, new_tokens=n_tokens, lossless=None if lossless is None else bool(lossless),
+               temperature=temperature, sample_seed=sample_seed if sampled else None,
+               lossless_check="per prompt: speculative tokens == greedy tokens" if not sampled else
+               "in distribution: speculative sampling keeps the target's sampling distribution (the chi-square tests of "
+               "notebook 30_decode); two samples of one prompt differ, so there is no per-prompt check at T > 0",
                tau=spec["tau"], tau_base=base["tau"], per_slot_acceptance=spec["per_slot_acceptance"],
                per_slot_acceptance_base=base["per_slot_acceptance"], accept_hist=spec["accept_hist"],
                accept_hist_base=base["accept_hist"],
@@ -143,10 +234,25 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                tau_candidate={k: _sum_stats(stats[f"k{k}"])["tau"] for k in candidate_ks if f"k{k}" in stats},
                profile=_profile(timers, secs["spec"], spec["verify_steps"], secs["greedy"], n_tokens), per_prompt=per_prompt,
                device=str(dev), dtype=str(next(draft.parameters()).dtype).replace("torch.", ""),
-               torch_threads=torch.get_num_threads())
-    if d.is_domino: res["base_tokens_per_s"] = n_tokens / secs["base"]
+               torch_threads=torch.get_num_threads(),
+               prompt_sample=dict(source=str(src), split=prompt_split, seed=prompt_seed, stratify_by=sample[0]["stratify_by"],
+                                  n_groups=len({r["group"] for r in sample}) if sample[0]["stratify_by"] else None,
+                                  per_group=dict(sorted(Counter(r["group"] for r in sample).items())) if sample[0]["stratify_by"] else None))
+    if d.is_domino:
+        res["base_tokens_per_s"] = n_tokens / secs["base"]
+        res["tau_gain_head"] = _head_gain(per_prompt)
     res.update(_tau_by_loops(per_prompt, variants))
     return res
+
+def _generator(seed: int, rec: dict) -> torch.Generator:
+    "The draws of one prompt: seeded by the run's seed and the prompt's row, whichever sample it is part of."
+    return torch.Generator().manual_seed(seed * 1_000_003 + rec["index"])
+
+def _head_gain(rows: list[dict]) -> dict | None:
+    "τ with head / τ backbone only: ratio of per-prompt means with a paired bootstrap 95 % interval (None: no τ to compare)."
+    ok = [r for r in rows if np.isfinite(r["tau_spec"]) and np.isfinite(r["tau_base"])]
+    if not ok: return None
+    return paired_bootstrap_ratio([r["tau_spec"] for r in ok], [r["tau_base"] for r in ok], n_boot=10_000, seed=0)
 
 def _tau_by_loops(rows: list[dict], variants) -> dict:
     "τ of each variant over the prompts whose target continuation loops, and over the others (None where there are none)."
@@ -197,17 +303,24 @@ def write_eval(res: dict, out_dir) -> Path:
 
 # %% ../nbs/32_evaluation.ipynb #306b9e69
 def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128, candidate_k=(),
-                 threads: int | None = None, per_prompt: bool = False, as_json: bool = False) -> dict:
+                 threads: int | None = None, per_prompt: bool = False, as_json: bool = False, prompt_seed: int | None = 0,
+                 stratify_by: str | None = "auto", prompt_split: str | None = None, temperature: float = 0.0,
+                 sample_seed: int = 0) -> dict:
     "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
         draft = find_draft_dir(draft)
     res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
-                         candidate_ks=tuple(candidate_k or ()))
+                         candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
+                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
     else:
-        print(f"{res['n_prompts']} prompts, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}) "
+        g = res.get("tau_gain_head")
+        gain = f", head gain {g['ratio']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] (95% CI)" if g else ""
+        print(f"{res['n_prompts']} prompts, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}{gain}) "
               f"of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy {res['target_tokens_per_s']:.1f} "
-              f"tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} (speed-up / tau), lossless {res['lossless']}")
+              f"tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} (speed-up / tau), "
+              + (f"lossless {res['lossless']}" if res["lossless"] is not None else
+                 f"temperature {res['temperature']}: lossless in distribution (tested in notebook 30_decode), not per prompt"))
     return res

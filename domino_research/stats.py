@@ -20,6 +20,9 @@ def bootstrap_indices(n: int, n_boot: int, seed: int = 0, groups=None) -> np.nda
     idx, col = np.empty((n_boot, n), dtype=np.int64), 0
     for g in dict.fromkeys(labels.tolist()):                     # first-appearance order: deterministic for a given input
         members = np.flatnonzero(labels == g)
+        if len(members) < 2:                                     # its resample would always be itself: a silent zero spread
+            raise ValueError(f"bootstrap: group {g!r} has a single item, which a within-group resample cannot vary; "
+                             "pass groups=None or merge small groups")
         idx[:, col: col + len(members)] = members[rng.integers(0, len(members), size=(n_boot, len(members)))]
         col += len(members)
     return idx

@@ -111,6 +111,8 @@ def papermill(nb, tmp_path, *params):
     ("ablations.ipynb", ("base_overrides", "[1, 2]"), "parameter 'base_overrides' must be a YAML mapping"),
     ("evaluate.ipynb", ("candidate_ks", "0,-4"), "parameter 'candidate_ks' must list integers >= 1"),
     ("evaluate.ipynb", ("draft_dir", "/nonexistent/draft"), "parameter 'draft_dir': /nonexistent/draft does not exist"),
+    ("evaluate.ipynb", ("temperature", "-0.5"), "parameter 'temperature' must be a finite number >= 0"),
+    ("evaluate.ipynb", ("prompt_seed", "-1"), "parameter 'prompt_seed' must be >= 0, got -1"),
     ("train.ipynb", ("extra", "[1, 2]"), "parameter 'extra' must be a YAML mapping"),
     ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),

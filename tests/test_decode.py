@@ -105,6 +105,46 @@ def test_bench_decode_refuses(toy, tmp_path, case, expect):
     assert r.stdout == ""                                  # refused before any decoding
 
 
+def test_bench_decode_standard_prompt_sets(toy, tmp_path):
+    "GSM8K (parquet) and MT-Bench (JSONL) prompt sets decode, sampled by seed; a hub name with the hub offline is one line."
+    import datasets
+    datasets.Dataset.from_dict({"question": ["2 + 3?", "7 * 6?", "1 - 1?"], "answer": ["5", "42", "0"]}).to_parquet(tmp_path / "gsm8k.parquet")
+    (tmp_path / "mt.jsonl").write_text("".join(json.dumps({"question_id": q, "category": c, "turns": [t, "more"]}) + "\n"
+                                              for q, c, t in ((81, "writing", "a poem"), (82, "math", "2+2"), (83, "math", "3+3"))))
+    runs = {}
+    for name, extra in (("gsm8k.parquet", ()), ("mt.jsonl", ("--stratify_by", "category"))):
+        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", tmp_path / name, "--n_prompts", 2,
+                   "--max_new_tokens", 4, "--prompt_seed", 1, "--per_prompt", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+        assert runs[name]["n_prompts"] == 2 and runs[name]["lossless"] is True
+    assert {p["prompt_id"] for p in runs["gsm8k.parquet"]["per_prompt"]} <= {"#0", "#1", "#2"}
+    mt = runs["mt.jsonl"]
+    assert sorted(p["group"] for p in mt["per_prompt"]) == ["math", "writing"]          # one of each category
+    assert mt["prompt_sample"]["stratify_by"] == "category" and mt["prompt_sample"]["seed"] == 1
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", "nobody/no-such-prompt-set", "--json")
+    assert r.returncode == 2 and "could not load" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: bench decode: could not load"), r.stderr   # (weight-loading bars aside)
+
+
+def test_bench_decode_temperature(toy):
+    "--temperature > 0 samples: tau reported, lossless null with the reason, the same figures for the same --sample_seed."
+    out = []
+    for _ in range(2):
+        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 2,
+                   "--max_new_tokens", 8, "--temperature", 0.8, "--sample_seed", 4, "--per_prompt", "--json")
+        assert r.returncode == 0, r.stderr
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    res = out[0]
+    assert res["temperature"] == 0.8 and res["lossless"] is None and "in distribution" in res["lossless_check"]
+    assert 1 <= res["tau"] <= 4 and res["tau_gain_head"]["lo"] <= res["tau_gain_head"]["ratio"] <= res["tau_gain_head"]["hi"]
+    assert [p["committed_spec"] for p in res["per_prompt"]] == [p["committed_spec"] for p in out[1]["per_prompt"]]
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 1,
+               "--max_new_tokens", 4, "--temperature", 0.8)
+    assert r.returncode == 0 and "lossless in distribution" in r.stdout, (r.stdout, r.stderr)
+
+
 # ---------------------------------------------------------------- the embedded target (notebook 13)
 
 def _embedded():
