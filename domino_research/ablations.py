@@ -24,11 +24,11 @@ from .target import load_target
 from .train import RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_KEYS', 'Variant',
-           'draft_parameters', 'resolve_variant', 'spread', 'tau_ratio', 'compare', 'head_gain', 'summarize',
-           'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights',
-           'run_one', 'plan_ablation', 'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget',
-           'run_budget_curve']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE',
+           'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'spread', 'tau_ratio', 'compare',
+           'head_gain', 'summarize', 'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest',
+           'source_digest', 'delete_weights', 'run_one', 'plan_ablation', 'run_ablation', 'budget_summary',
+           'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -150,13 +150,10 @@ def _prompt_counts(seeds: dict, shared: list, which: str) -> tuple[np.ndarray, n
             np.array([[r[f"verify_steps_{which}"] for r in rs] for rs in rows], dtype=float).T)
 
 def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
-    loops = np.array([bool(r["loops"]) for r in rows])
-    groups = np.array([r["group"] for r in rows], dtype=object) if all(r["group"] is not None for r in rows) else None
-    out = {}
+    loops, out = np.array([bool(r["loops"]) for r in rows]), {}
     for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
         if not sel.any(): out[label] = None; continue
-        out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel],
-                                      groups=None if groups is None else groups[sel].tolist(), n_boot=n_boot)
+        out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
     out["n_looping"], out["n_prompts"] = int(loops.sum()), len(rows)
     return out
 
@@ -240,7 +237,7 @@ def comparisons_markdown(res: dict) -> list[str]:
         seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
         out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} |")
     n = rows[0][2]
-    out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts (within their strata), seeds pooled per prompt; "
+    out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts, seeds pooled per prompt; "
                 f"{n['n_looping']} of the prompts have a target continuation that loops."]
     return out
 
@@ -382,6 +379,7 @@ class _Targets:
             self.cache[path] = (load_target(path), AutoTokenizer.from_pretrained(path))
         return self.cache[path]
 
+PROMPT_SAMPLE = {"prompt_seed": 0, "stratify_by": "auto"}   # every run decodes the same seeded, stratified sample (notebook 32)
 PROMPT_KEYS = ("prompt_id", "group", "loops", "new_tokens", "committed_spec", "verify_steps_spec", "committed_base",
                "verify_steps_base")
 
@@ -400,7 +398,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
           "save_every_steps": None, "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
-    evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens}
+    evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
     fp = _fingerprint(cfg, evaluation)
     done = _read_json(run_dir / "result.json")
     if done is not None and done.get("fingerprint") == fp:
@@ -419,7 +417,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     t0 = time.perf_counter()
     ev = evaluate_draft(run_dir / "draft", target=targets(resolve_target_path(cfg.target)),
                         prompts=resolve_data_path(str(prompts)),
-                        n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, enable_thinking=cfg.enable_thinking)
+                        n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, enable_thinking=cfg.enable_thinking, **PROMPT_SAMPLE)
     rec = {"variant": name, "seed": seed, "recipe": cfg.recipe, "changes": changes, "block_size": cfg.block_size,
            "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
            "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"],
@@ -470,7 +468,7 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
             run_dirs[n][s] = out / "runs" / n / f"seed{s}"
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
             "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides or {},
-            "prompts": prompts, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "prompts": prompts, **PROMPT_SAMPLE, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
             "torch_threads": torch.get_num_threads()}

@@ -55,9 +55,13 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
 
     md = (out / "results.md").read_text()
     rows = [l for l in md.splitlines() if l.startswith("| `")]
-    assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`"]
-    assert all(len(l.split("|")) == 13 for l in rows)               # 11 columns
+    assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`", "`domino` / `dflash`", "`domino` with / without head"]
+    assert all(len(l.split("|")) == 13 for l in rows[:2])           # the variant table: 11 columns
     assert f"Domino τ / DFlash τ = {r['value']:.3f}" in md
+    (cmp,) = res["comparisons"]                                     # with an interval over the 2 prompts, both seeds pooled
+    assert (cmp["num"], cmp["den"], cmp["seeds"], cmp["n_prompts"]) == ("domino", "dflash", ["0", "1"], 2)
+    assert cmp["all"]["lo"] <= cmp["all"]["ratio"] <= cmp["all"]["hi"] and set(cmp["per_seed"]) == {"0", "1"}
+    assert res["variants"]["domino"]["head_gain"]["all"]["n"] == 2 and res["variants"]["dflash"]["head_gain"] is None
 
     for n in ("dflash", "domino"):
         for s in (0, 1):
