@@ -69,6 +69,12 @@ def test_snapshot_is_qwen3_8b_shaped(qwen3):
     gen_off = tok.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False)
     gen_on = tok.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True, enable_thinking=True)
     assert gen_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and gen_on.endswith("<|im_start|>assistant\n")
+    # an answer cut inside its reasoning: Qwen3's template would put an empty think block before it; trained as generated
+    from domino_research.data import render_chat
+    cut = [chat[0], {"role": "assistant", "content": "<think>\nThe user greets me", "cut": True}]
+    assert "</think>\n\n<think>" in tok.apply_chat_template(cut, tokenize=False, enable_thinking=True)
+    assert render_chat(tok, cut, enable_thinking=True) == gen_on + "<think>\nThe user greets me<|im_end|>\n"
+    assert render_chat(tok, chat) == text
 
 
 def test_regenerated_rows_train_with_thinking_on_and_off(qwen3):
