@@ -104,6 +104,16 @@ def test_shipped_flex_config_is_refused_on_cpu(qwen3, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_thinking_mode_of_the_data_is_kept(qwen3, tmp_path):
+    "The data was regenerated with thinking off (its .meta.json says so): training it with thinking on is refused in one line."
+    from domino_research.config import ConfigError
+    from domino_research.train import main
+    with pytest.raises(ConfigError, match="regenerated with enable_thinking=false .* set enable_thinking: false"):
+        main("qwen3_8b_domino", target=str(qwen3["target"]), train_data=str(qwen3["data"]), eval_data=None,
+             enable_thinking=True, output_dir=str(tmp_path), run_name="think", **SIZES, **DOMINO_SIZES, **CPU_BACKEND)
+    assert not (tmp_path / "think").exists()
+
+
 @pytest.mark.parametrize("config,shard", [("qwen3_8b_domino", True), ("qwen3_8b_dflash", False)])
 def test_shipped_config_end_to_end(qwen3, tmp_path, config, shard):
     "Shipped config → 2-rank gloo training (validation on, checkpoints) → export → lossless speculative decoding."
