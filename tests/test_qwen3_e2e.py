@@ -84,6 +84,8 @@ def test_regenerated_rows_train_with_thinking_on_and_off(qwen3):
     assert len(rows) == len(PROMPTS) and all(r["messages"][-1]["role"] == "assistant" for r in rows)
     assert [m["role"] for m in rows[-1]["messages"]] == ["user", "assistant", "user", "assistant"]
     tok = AutoTokenizer.from_pretrained(qwen3["target"])
+    from domino_research.data import render_chat        # thinking off, as generated: the template's own rendering
+    assert all(render_chat(tok, r["messages"]) == tok.apply_chat_template(r["messages"], tokenize=False) for r in rows)
     for thinking in (False, True):
         ds, stats = build_chat_dataset(tok, rows, seq_length=10**6, enable_thinking=thinking, verbose=False)
         assert stats["kept"] == len(rows), stats
