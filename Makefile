@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test env lock ablations
+.PHONY: demo test env lock ablations gpu-check
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(BIN)/.installed
 # Every test: notebooks clean, library in sync with nbs/, notebook tests, then pytest (its summary line ends the output).
 test: $(BIN)/.installed
 	PATH=$(abspath $(BIN)):$$PATH bash tests/run_all.sh
+
+# The checks that need a CUDA GPU (notebook 35) -> one JSON line on stdout; without a GPU: one line saying so, exit 0.
+gpu-check: $(BIN)/.installed
+	$(BIN)/python -m domino_research.gpu_check
 
 # The ablation table: 9 variants x 2 seeds on the embedded default -> runs/ablations/main/ (resumes if interrupted).
 # TQDM_DISABLE: every progress-bar refresh would be stored as its own output of the executed notebook (13k of them).

@@ -19,7 +19,7 @@ from .config import looks_local
 
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
-           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'tokenize_chat', 'show_loss_mask',
+           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'render_chat', 'tokenize_chat', 'show_loss_mask',
            'build_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
@@ -176,10 +176,21 @@ def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tupl
     return spans
 
 # %% ../nbs/11_data.ipynb #f44750a0
-def tokenize_chat(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool = False) -> dict:
-    "Render `messages` with the tokenizer's chat template → `input_ids` and a `loss_mask` that is 1 on assistant tokens (incl. end-of-turn), truncated to `seq_length`."
-    _check_chat_template(tokenizer)
+def render_chat(tokenizer, messages: list[dict], enable_thinking: bool = False) -> str:
+    "The chat template's text of `messages`, with a final assistant turn exactly as generated after the generation prompt."
     text = tokenizer.apply_chat_template(messages, tokenize=False, enable_thinking=enable_thinking)
+    if len(messages) < 2 or messages[-1]["role"] != "assistant": return text
+    answer = messages[-1]["content"]
+    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
+    if text.startswith(prompt + answer): return text
+    # the template rewrote the answer it would have been asked for (Qwen3: an answer cut inside its <think> block gets
+    # a second, empty block in front); the target read the prompt and then its own tokens, so that is the context
+    return prompt + answer + _end_of_turn_token(tokenizer) + "\n"
+
+def tokenize_chat(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool = False) -> dict:
+    "`render_chat` → `input_ids` and a `loss_mask` that is 1 on assistant tokens (incl. end-of-turn), truncated to `seq_length`."
+    _check_chat_template(tokenizer)
+    text = render_chat(tokenizer, messages, enable_thinking)
     spans = assistant_char_spans(text, messages, _end_of_turn_token(tokenizer))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask, j = [], 0

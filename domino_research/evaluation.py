@@ -102,10 +102,12 @@ def encode_prompt(tokenizer, messages: list[dict], enable_thinking: bool = False
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
-def stop_token_ids(tokenizer) -> list[int]:
-    "End-of-turn (`<|im_end|>` if the vocabulary has it) and eos ids."
+def stop_token_ids(tokenizer, target=None) -> list[int]:
+    "End-of-turn (`<|im_end|>` if the vocabulary has it), the tokenizer's eos, and the eos ids of `target`'s generation config."
     ids = [tokenizer.get_vocab()["<|im_end|>"]] if "<|im_end|>" in tokenizer.get_vocab() else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids: ids.append(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)   # Qwen3: [<|im_end|>, <|endoftext|>]
+    for i in [tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])]:
+        if i is not None and i not in ids: ids.append(i)
     return ids
 
 # %% ../nbs/32_evaluation.ipynb #1f61f442
@@ -186,7 +188,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     d = check_draft_fits(draft, model)                           # bad pairs fail before any decoding
     src = prompts if prompts is not None else _default_prompts()
     sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
-    enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok)
+    enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok, model)
     variants = {"spec": dict(use_head=True)}
     if d.is_domino:
         variants["base"] = dict(use_head=False)

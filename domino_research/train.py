@@ -37,8 +37,8 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMA
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'RunLock',
            'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb', 'epoch_order',
-           'NonFiniteLossError', 'TrainDFlashRecipe', 'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main',
-           'plot_run', 'cli']
+           'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'estimate_memory', 'format_memory',
+           'TrainDominoRecipe', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -533,6 +533,20 @@ def _claim_run_dir(self: TrainDFlashRecipe):
         check_reuse(run_dir, cfg)
     acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
 
+# %% ../nbs/34_train.ipynb #c4d1a9e1
+from .regenerate import meta_path
+
+def check_data_thinking(key: str, source, enable_thinking: bool):
+    "Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer follows the prompt it was generated after."
+    meta = meta_path(source) if source is not None and Path(str(source)).is_file() else None
+    if meta is None or not meta.is_file(): return
+    try: was = json.loads(meta.read_text()).get("enable_thinking")
+    except ValueError: return                      # an unreadable record is regenerate's to report when it resumes
+    if isinstance(was, bool) and was != enable_thinking:
+        raise ConfigError(f"{key}: {source} was regenerated with enable_thinking={str(was).lower()} ({meta.name}) but this "
+                          f"run has enable_thinking={str(enable_thinking).lower()}; set enable_thinking: {str(was).lower()}, "
+                          "so that every answer is trained after the generation prompt it was generated after")
+
 # %% ../nbs/34_train.ipynb #d60f9a2a
 @patch
 def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
@@ -561,6 +575,7 @@ def _build_datasets(self: TrainDFlashRecipe):
     for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):
         source = getattr(cfg, key)
         if source is None: out.append(None); continue
+        check_data_thinking(key, resolve_data_path(source), cfg.enable_thinking)
         try:
             rows = load_chat_rows(resolve_data_path(source))
             if cap is not None: rows = rows[:cap]
