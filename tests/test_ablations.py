@@ -78,3 +78,19 @@ def test_bad_variant_fails_before_training(tiny, tmp_path):
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "unknown ['domin']" in p.stderr and "choose from" in p.stderr
     assert not (out / "runs").exists()
+
+
+def test_papermill_budget_curve(tiny, tmp_path):
+    out = tmp_path / "curve"
+    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "ablations.ipynb"), str(tmp_path / "c.ipynb"),
+           "--cwd", str(REPO / "nbs"), "-p", "out_dir", str(out), "-y", "budgets: [2, 1]", "-p", "variants", "dflash,domino",
+           "-p", "n_eval_prompts", "2", "-p", "max_new_tokens", "8", "-p", "prompts", str(tiny["root"] / "val.jsonl"),
+           "-p", "configs", yaml.safe_dump(tiny_configs(tiny, tmp_path))]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert {"budget.json", "budget.md", "budget.png", "steps1", "steps2"} <= {q.name for q in out.iterdir()}
+    curve = json.loads((out / "budget.json").read_text())
+    assert curve["budgets"] == [1, 2] and set(curve["tau"]) == {"dflash", "domino"}
+    for b in (1, 2):
+        res = json.loads((out / f"steps{b}" / "results.json").read_text())
+        assert all(d["per_seed"]["0"]["steps"] == b for d in res["variants"].values())
