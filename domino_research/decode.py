@@ -16,8 +16,8 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'greedy_generate', 'accept_length', 'token_probs', 'sample_from',
-           'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop', 'proposal_slots',
+__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accept_length', 'token_probs',
+           'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop', 'proposal_slots',
            'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals',
            'check_draft_fits', 'DraftProposer', 'speculative_generate']
 
@@ -65,8 +65,8 @@ def _check_prompt(input_ids):
 def _device(model): return next(model.parameters()).device
 
 @torch.no_grad()
-def greedy_generate(target, input_ids, max_new_tokens: int, stop_token_ids=()) -> list[int]:
-    "Plain greedy decoding of `target` (batch 1) with a KV cache; stops after a stop token or `max_new_tokens` tokens."
+def plain_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), pick=lambda logits: int(logits.argmax())) -> list[int]:
+    "Plain decoding of `target` (batch 1, KV cache), one token per forward chosen by `pick(logits [V])`; stops after a stop token or `max_new_tokens` tokens."
     _check_prompt(input_ids)
     stops, out = set(stop_token_ids), []
     if max_new_tokens <= 0: return out
@@ -74,10 +74,14 @@ def greedy_generate(target, input_ids, max_new_tokens: int, stop_token_ids=()) -
     cache = DynamicCache(config=target.config)
     logits = target(input_ids=input_ids.to(dev), cache=cache, use_cache=True, logits_to_keep=1).logits
     while True:
-        tok = int(logits[0, -1].argmax())
+        tok = pick(logits[0, -1])
         out.append(tok)
         if tok in stops or len(out) >= max_new_tokens: return out
         logits = target(input_ids=torch.tensor([[tok]], device=dev), cache=cache, use_cache=True).logits
+
+def greedy_generate(target, input_ids, max_new_tokens: int, stop_token_ids=()) -> list[int]:
+    "Plain greedy decoding: the output speculative decoding must reproduce exactly."
+    return plain_generate(target, input_ids, max_new_tokens, stop_token_ids)
 
 # %% ../nbs/30_decode.ipynb #4494f778
 def accept_length(proposals, target_argmax) -> int:
@@ -104,22 +108,11 @@ def verify_sampled(proposals: list[int], q: torch.Tensor, p: torch.Tensor, gener
         return i, sample_from(residual if residual.sum() > 0 else p[i], generator)   # (p == q up to rounding: p itself)
     return len(proposals), sample_from(p[len(proposals)], generator)                  # all accepted: the bonus from p
 
-@torch.no_grad()
 def sample_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), temperature: float = 1.0,
                     generator: torch.Generator | None = None) -> list[int]:
-    "Plain sampling from `target` at `temperature` (batch 1, KV cache): the distribution speculative sampling must keep."
-    _check_prompt(input_ids)
+    "Plain sampling from `target` at `temperature`: the distribution speculative sampling must keep."
     g = generator if generator is not None else torch.Generator().manual_seed(0)
-    stops, out = set(stop_token_ids), []
-    if max_new_tokens <= 0: return out
-    dev = _device(target)
-    cache = DynamicCache(config=target.config)
-    logits = target(input_ids=input_ids.to(dev), cache=cache, use_cache=True, logits_to_keep=1).logits
-    while True:
-        tok = sample_from(token_probs(logits[0, -1], temperature), g)
-        out.append(tok)
-        if tok in stops or len(out) >= max_new_tokens: return out
-        logits = target(input_ids=torch.tensor([[tok]], device=dev), cache=cache, use_cache=True).logits
+    return plain_generate(target, input_ids, max_new_tokens, stop_token_ids, lambda logits: sample_from(token_probs(logits, temperature), g))
 
 # %% ../nbs/30_decode.ipynb #7d0e62ce
 class StepTimer:
