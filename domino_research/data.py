@@ -19,8 +19,8 @@ from .config import looks_local
 
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
-           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'render_chat', 'tokenize_chat', 'show_loss_mask',
-           'build_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
+           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'stop_token_ids', 'render_chat', 'tokenize_chat',
+           'show_loss_mask', 'build_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -174,6 +174,15 @@ def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tupl
         spans.append((match.start(), match.start() + len(content) if m.get("cut") else match.end()))
         cursor = match.end()
     return spans
+
+# %% ../nbs/11_data.ipynb #e826718d
+def stop_token_ids(tokenizer, target=None) -> list[int]:
+    "End-of-turn (`<|im_end|>` if the vocabulary has it), the tokenizer's eos, and the eos ids of `target`'s generation config."
+    ids = [tokenizer.get_vocab()["<|im_end|>"]] if "<|im_end|>" in tokenizer.get_vocab() else []
+    gen_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)   # Qwen3: [<|im_end|>, <|endoftext|>]
+    for i in [tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])]:
+        if i is not None and i not in ids: ids.append(i)
+    return ids
 
 # %% ../nbs/11_data.ipynb #f44750a0
 def render_chat(tokenizer, messages: list[dict], enable_thinking: bool = False) -> str:

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .config import dumps_strict, looks_local
-from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row
+from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row, stop_token_ids
 from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generate, speculative_generate
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
@@ -24,7 +24,7 @@ from .target import load_target
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
-           'stop_token_ids', 'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench']
+           'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench']
 
 # %% ../nbs/32_evaluation.ipynb #d09b2cc9
 def prompt_messages(messages: list[dict], where: str) -> list[dict]:
@@ -101,14 +101,6 @@ def encode_prompt(tokenizer, messages: list[dict], enable_thinking: bool = False
     "Chat-template token ids `[1, P]` of a prompt, ending with the assistant generation prompt."
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
-
-def stop_token_ids(tokenizer, target=None) -> list[int]:
-    "End-of-turn (`<|im_end|>` if the vocabulary has it), the tokenizer's eos, and the eos ids of `target`'s generation config."
-    ids = [tokenizer.get_vocab()["<|im_end|>"]] if "<|im_end|>" in tokenizer.get_vocab() else []
-    gen_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)   # Qwen3: [<|im_end|>, <|endoftext|>]
-    for i in [tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])]:
-        if i is not None and i not in ids: ids.append(i)
-    return ids
 
 # %% ../nbs/32_evaluation.ipynb #1f61f442
 def _strata_key(records: list[dict], stratify_by):

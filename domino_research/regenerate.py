@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
 from .config import looks_local, signature_defaults, write_atomic
-from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row
+from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids
 from .target import check_device, check_target_path, load_target
 
 # %% auto #0
@@ -41,16 +41,6 @@ def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
     return groups + ([cur] if cur else [])  # a trailing prompt gets an answer too
 
 # %% ../nbs/12_regenerate.ipynb #1c2c8602
-def _stop_token_ids(target, tokenizer) -> list[int]:
-    "End-of-turn and end-of-sequence ids: <|im_end|>, the tokenizer's eos, and the target's generation eos."
-    ids = []
-    if "<|im_end|>" in tokenizer.get_vocab(): ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    if tokenizer.eos_token_id is not None: ids.append(tokenizer.eos_token_id)
-    gen_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    ids += gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
-    if not ids: raise ChatDataError("no stop token: the tokenizer has neither <|im_end|> nor an eos token")
-    return sorted(set(ids))
-
 def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     "Left-pad token lists → (input_ids [B, P], attention_mask [B, P])."
     P = max(map(len, seqs))
@@ -62,7 +52,8 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
 def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens: int, temperature: float,
                       enable_thinking: bool) -> list[tuple[str, int, bool]]:
     "One answer per conversation → (text, n_tokens, finished) where finished means a stop token was produced."
-    stops = _stop_token_ids(target, tokenizer)
+    stops = stop_token_ids(tokenizer, target)
+    if not stops: raise ChatDataError("no stop token: the tokenizer has neither <|im_end|> nor an eos token")
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
                for c in convs]
     seqs = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]

@@ -160,7 +160,8 @@ def _embedded():
 def test_embedded_lossless_50_prompts(projector_type, shift_label):
     """Speculative output == plain greedy on 50 test prompts of the embedded target, with an untrained (random) draft:
     both stop rules are exercised (end-of-turn and max_new_tokens)."""
-    from domino_research.evaluation import encode_prompt, load_prompts, stop_token_ids
+    from domino_research.data import stop_token_ids
+    from domino_research.evaluation import encode_prompt, load_prompts
     torch.set_num_threads(1)
     model, tok, test_path, mask_id = _embedded()
     torch.manual_seed(0)
