@@ -175,7 +175,7 @@ def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tupl
         cursor = match.end()
     return spans
 
-# %% ../nbs/11_data.ipynb #e826718d
+# %% ../nbs/11_data.ipynb #35587bca
 def stop_token_ids(tokenizer, target=None) -> list[int]:
     "End-of-turn (`<|im_end|>` if the vocabulary has it), the tokenizer's eos, and the eos ids of `target`'s generation config."
     ids = [tokenizer.get_vocab()["<|im_end|>"]] if "<|im_end|>" in tokenizer.get_vocab() else []

@@ -19,11 +19,13 @@ from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer
 from .target import capture_features, freeze, target_embed, target_lm_head
 from .data import toy_chat_tokenizer
+from .embedded import embedded_mask_token_id, load_embedded_target
+from .evaluation import evaluate_draft
 
 # %% auto #0
 __all__ = ['NO_GPU', 'QWEN3_8B_STEP', 'TINY_STEP', 'PARTS', 'run_part', 'report_line', 'gpu_notebooks', 'run_gpu_notebooks',
            'random_qwen3', 'domino_draft', 'random_batch', 'domino_loss', 'flex_sdpa_parity', 'step_cost',
-           'tiny_run_config', 'shard_plan', 'kill_and_resume', 'main']
+           'tiny_run_config', 'shard_plan', 'kill_and_resume', 'decode_efficiency', 'main']
 
 # %% ../nbs/35_gpu_check.ipynb #e464a638
 NO_GPU = "gpu_check: no CUDA device on this machine, so no GPU check ran (run `make gpu-check` where a GPU is visible)"
@@ -248,8 +250,21 @@ def kill_and_resume(root, cuda: bool, nproc: int = 1, shard: bool = False, kill_
                 final_step=summary.get("step"), steps_logged=steps, eval_loss=summary.get("eval/loss"),
                 **({} if ok else {"error": (p.stdout + p.stderr)[-1500:]}))
 
+# %% ../nbs/35_gpu_check.ipynb #927f207b
+def decode_efficiency(device="cuda", n_prompts: int = 20, max_new_tokens: int = 128, seed: int = 0) -> dict:
+    "Efficiency (speed-up / τ), τ, speed-up and the per-step profile of speculative decoding on the embedded target."
+    model, tok = load_embedded_target()
+    model = model.to(device)
+    torch.manual_seed(seed)
+    dfl = DFlashConfig(mask_token_id=embedded_mask_token_id(), block_size=16, shift_label=True, projector_type="domino",
+                       emb_dim=64, gru_hidden_dim=256)                        # the embedded Domino recipe's head
+    draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, 2)).eval().to(device)
+    r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens)
+    return {"ok": bool(r["lossless"]), "efficiency": r["efficiency"], "tau": r["tau"], "speedup": r["speedup"],
+            "profile": r["profile"], "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
+
 # %% ../nbs/35_gpu_check.ipynb #3ff08005
-PARTS = ("notebooks", "flex_vs_sdpa", "kill_resume", "step_cost")
+PARTS = ("notebooks", "flex_vs_sdpa", "kill_resume", "step_cost", "decode_efficiency")
 
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m domino_research.gpu_check", description="The GPU checks; prints one JSON line.")
@@ -276,6 +291,8 @@ def _run_parts(a, cuda: bool, tmp: Path) -> dict:
         elif name == "step_cost":            # no Flex backward on the CPU: there only SDPA, at tiny sizes
             sizes, backends = (QWEN3_8B_STEP, ("flex_attention", "sdpa")) if cuda else (TINY_STEP, ("sdpa",))
             parts[name] = run_part(step_cost, sizes, backends=backends, device=dev)
+        elif name == "decode_efficiency":
+            parts[name] = run_part(decode_efficiency, dev, *((20, 128) if cuda else (2, 16)))
         print(f"gpu_check: {name} {'ok' if parts[name]['ok'] else 'FAILED'} ({parts[name].get('seconds', 0)} s)",
               file=sys.stderr, flush=True)
     return parts

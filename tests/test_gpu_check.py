@@ -27,7 +27,7 @@ def test_no_gpu_says_so_and_exits_0():
 
 def test_cpu_mode_runs_the_driver():
     "Kill -9 mid-run + --resume latest finishes all steps with validation; Flex == SDPA (forward); one JSON line."
-    p = gpu_check("--cpu", "--parts", "flex_vs_sdpa,kill_resume,step_cost")
+    p = gpu_check("--cpu", "--parts", "flex_vs_sdpa,kill_resume,step_cost,decode_efficiency")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert len(p.stdout.splitlines()) == 1, p.stdout
     r = json.loads(p.stdout)
@@ -36,7 +36,8 @@ def test_cpu_mode_runs_the_driver():
     assert kr["ok"] and kr["final_step"] == 6 and kr["steps_logged"] == [1, 2, 3, 4, 5, 6] and kr["eval_loss"] is not None, kr
     assert r["shard_target"]["skipped"] and r["flex_vs_sdpa"]["loss_max_abs_diff"] < 1e-4
     assert r["step_cost"]["sdpa"]["step_s"] > 0 and r["step_cost"]["sdpa"]["peak_gib"] is None
-    for part in ("flex_vs_sdpa", "kill_resume", "step_cost"): assert f"gpu_check: {part} ok" in p.stderr
+    assert r["decode_efficiency"]["tau"] >= 1 and r["decode_efficiency"]["efficiency"] > 0
+    for part in ("flex_vs_sdpa", "kill_resume", "step_cost", "decode_efficiency"): assert f"gpu_check: {part} ok" in p.stderr
 
 
 def test_unknown_part_is_one_line(capsys):
@@ -44,4 +45,4 @@ def test_unknown_part_is_one_line(capsys):
     assert main(["--cpu", "--parts", "memory"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == ("gpu_check: error: --parts: unknown ['memory']; choose from "
-                                         "notebooks, flex_vs_sdpa, kill_resume, step_cost\n"), out
+                                         "notebooks, flex_vs_sdpa, kill_resume, step_cost, decode_efficiency\n"), out
