@@ -5,6 +5,7 @@
 # %% ../nbs/11_data.ipynb #edfe14cc
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import json
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import warnings
@@ -30,7 +32,7 @@ from .config import looks_local
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES', 'CHAT_CACHE_VERSION', 'ChatDataError',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset', 'tokenizer_fingerprint',
-           'chat_cache_key', 'cached_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
+           'chat_cache_key', 'cached_chat_dataset', 'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -359,14 +361,19 @@ def _remove_own_stale_temps(cache_dir: Path):
 
 # %% ../nbs/11_data.ipynb #a8c6e27b
 def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_thinking: bool = False,
-                        max_samples: int | None = None, num_proc: int = 1, verbose: bool = True) -> tuple[datasets.Dataset, dict]:
-    "Tokenised chat rows (`input_ids`, `loss_mask`, `first_label`) of `source`, built once into `cache_dir` and memory-mapped after; and the stats."
+                        max_samples: int | None = None, num_proc: int = 1, verbose: bool = True, build: bool = True,
+                        poll_s: float = 2.0) -> tuple[datasets.Dataset, dict]:
+    """Tokenised chat rows (`input_ids`, `loss_mask`, `first_label`) of `source`, built once into `cache_dir` and
+    memory-mapped after; and the stats. With `build=False` (the other ranks of a launch) wait for the cache instead."""
     _check_chat_template(tokenizer)
     source, kind = str(source), _chat_source_kind(source)
     cache_dir = Path(cache_dir).expanduser(); cache_dir.mkdir(parents=True, exist_ok=True)
     key = chat_cache_key(source, tokenizer, seq_length, enable_thinking, max_samples)
     final, ds = cache_dir / f"chat-{key}", None
-    if final.exists():
+    while not build:                                           # a file poll, not a collective: no process-group timeout
+        try: ds, stats = _load_chat_cache(final); how = "cached in"; break
+        except Exception: time.sleep(poll_s)                   # not built yet, or being rebuilt
+    if ds is None and final.exists():
         try: ds, stats = _load_chat_cache(final); how = "cached in"
         except Exception as e:                                 # damaged: set aside (never deleted) and rebuilt
             aside = cache_dir / f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -386,6 +393,37 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
     if verbose: print(f"{chat_stats_line(stats, seq_length)}; {how} {final}", flush=True)
     return ds, stats
 
+
+# %% ../nbs/11_data.ipynb #099919d5
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_research.data", description="Chat data tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="tokenise chat data into the cache a training run reads (before a many-process launch)")
+    b.add_argument("data", help="chat JSONL / parquet file or dataset name (the run's train_data or eval_data)")
+    b.add_argument("--tokenizer", required=True, help="the target's folder (the run's target): its tokenizer is used")
+    b.add_argument("--seq_length", type=int, required=True, help="the run's seq_length")
+    b.add_argument("--cache_dir", required=True, help="the run's data_cache_dir (default there: <output_dir>/.data_cache)")
+    b.add_argument("--enable_thinking", action="store_true", help="the run's enable_thinking")
+    b.add_argument("--max_samples", type=int, default=None, help="the run's max_train_samples / max_eval_samples")
+    b.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
+    return p
+
+def main(argv=None):
+    "`python -m domino_research.data build DATA --tokenizer DIR --seq_length N --cache_dir DIR`: the key is the run's, so the run then maps it."
+    p = _build_parser(); a = p.parse_args(argv)
+    for k in ("seq_length", "num_proc", "max_samples"):
+        if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+        cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
+    except (ValueError, OSError) as e:      # ChatDataError is a ValueError; a missing file or tokenizer folder an OSError
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+
+
+# %% ../nbs/11_data.ipynb #12506ab2
+#| eval: false
+if __name__ == "__main__": main()
 
 # %% ../nbs/11_data.ipynb #2801e8a3
 def collate_chat(batch: list[dict], pad_token_id: int) -> dict:
