@@ -211,6 +211,9 @@ def _bad(tiny, tmp_path, **kw):
     ({"target_layer_ids": [0, 99]}, "target_layer_ids"),
     ({"emb_dim": 0}, "emb_dim"),
     ({"train_data": "/nonexistent/data.jsonl"}, "data.jsonl"),
+    ({"data_num_proc": -1}, "data_num_proc: must be >= 1"),
+    ({"data_num_proc": 0}, "data_num_proc: must be >= 1"),
+    ({"dataloader_num_workers": -1}, "dataloader_num_workers: must be >= 0"),
 ])
 def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
     assert needle in _bad(tiny, tmp_path, **kw)
@@ -219,6 +222,11 @@ def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
 def test_unwritable_output_dir(tiny, tmp_path):
     blocker = tmp_path / "file"; blocker.write_text("x")
     assert "output_dir" in _bad(tiny, tmp_path, output_dir=str(blocker / "runs"))
+
+
+def test_unwritable_data_cache_dir(tiny, tmp_path):
+    blocker = tmp_path / "file"; blocker.write_text("x")
+    assert "data_cache_dir: cannot write" in _bad(tiny, tmp_path, data_cache_dir=str(blocker / "cache"))
 
 
 def test_mismatched_resume_refused(tiny, tmp_path):
