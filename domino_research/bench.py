@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -239,15 +240,38 @@ def data_step(mode: str, data: str, tokenizer: str, cache_dir: str, seq_length: 
     return dict(mode=mode, seconds=round(time.perf_counter() - t0, 2), cpu_s=round(_cpu_s() - c0, 2), peak_rss_mb=round(_maxrss_mb(), 1),
                 worker_peak_rss_mb=round(workers, 1), rows=stats["rows"], kept=stats["kept"], tokens=stats["tokens"])
 
+def _process_tree(pid: int) -> list[int]:
+    "`pid` and its descendants (Linux /proc)."
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(); out.append(p)
+        try: todo += [int(c) for t in os.listdir(f"/proc/{p}/task") for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError: pass
+    return out
+
+def _sample_anon_peaks(pid: int, stop: threading.Event, peaks: dict, every_s: float = 0.1):
+    """Peak `RssAnon` (MB) of `pid` ("main") and of its largest descendant ("workers"), sampled every `every_s`.
+    Anonymous memory is what a process allocates; its resident set also counts the pages of memory-mapped Arrow files
+    it has read, which the kernel can drop at any time and which grow with the data however little is allocated."""
+    while not stop.is_set():
+        for p in _process_tree(pid):
+            try: mb = int(next(l for l in open(f"/proc/{p}/status") if l.startswith("RssAnon")).split()[1]) / 1024
+            except (OSError, StopIteration, ValueError): continue
+            k = "main" if p == pid else "workers"; peaks[k] = max(peaks.get(k, 0.0), mb)
+        stop.wait(every_s)
+
 def _run_data_step(mode: str, **kw) -> dict:
     "`data_step` in a fresh interpreter; `launch_s` also counts its start and imports, as a relaunch pays them."
     cmd = [sys.executable, "-m", "domino_research.bench", "_data_step", "--mode", mode]
     for k, v in kw.items(): cmd += [f"--{k}", str(v)]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"bench data: the {mode} step failed (exit {p.returncode}); command: {' '.join(cmd)}\n{p.stderr[-3000:]}")
-    return {**json.loads(p.stdout.strip().splitlines()[-1]), "launch_s": round(time.perf_counter() - t0, 2)}
+    t0, peaks, stop = time.perf_counter(), {}, threading.Event()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = threading.Thread(target=_sample_anon_peaks, args=(proc.pid, stop, peaks), daemon=True); sampler.start()
+    out, err = proc.communicate(); stop.set(); sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench data: the {mode} step failed (exit {proc.returncode}); command: {' '.join(cmd)}\n{err[-3000:]}")
+    return {**json.loads(out.strip().splitlines()[-1]), "launch_s": round(time.perf_counter() - t0, 2),
+            "peak_anon_mb": round(peaks.get("main", 0.0), 1), "worker_peak_anon_mb": round(peaks.get("workers", 0.0), 1)}
 
 
 # %% ../nbs/33_bench.ipynb #646f106d

@@ -333,8 +333,8 @@ def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable
                    num_proc=procs if procs > 1 else None, cache_file_name=str(work / "tokenized.arrow"), new_fingerprint=key)
     stats = _column_stats(rows)
     kept = rows.filter(lambda s: [x == 0 for x in s], input_columns="status", batched=True, cache_file_name=str(work / "kept.arrow"))
-    # written by the worker processes: the main process never reads the rows, so its memory does not grow with them
-    kept.select_columns(["input_ids", "loss_mask", "first_label"]).save_to_disk(str(tmp / "rows"), num_proc=procs if procs > 1 else None)
+    # in this process: datasets writes with num_proc through "spawn" workers, which re-import the caller's main module
+    kept.select_columns(["input_ids", "loss_mask", "first_label"]).save_to_disk(str(tmp / "rows"))
     shutil.rmtree(work)
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted((tmp / "rows").rglob("*")) if p.is_file()}
     (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files}, indent=2))   # written last
