@@ -299,3 +299,13 @@ def test_resume_on_another_number_of_processes(tiny, tmp_path):
     assert list(straight) == list(range(1, 7)) and sorted(sum(straight.values(), [])) == list(range(24))
     assert moved_steps == straight
     assert json.loads((tmp_path / "second" / "rank0.json").read_text())["step"] == 6
+
+
+def test_dataloader_workers_do_not_change_training(tiny, tmp_path):
+    "Batches read by DataLoader worker processes: the same trained draft, bit for bit, as read in the training process."
+    from domino_research.train import main
+    for workers in (0, 2):
+        main(None, **{**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": f"w{workers}", "max_steps": 3,
+                      "eval_data": None, "dataloader_num_workers": workers})
+    a, b = _weights(tmp_path / "runs" / "w0"), _weights(tmp_path / "runs" / "w2")
+    for k in a: assert torch.equal(a[k], b[k]), k
