@@ -321,7 +321,8 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     return paths
 
 # %% ../nbs/40_ablations.ipynb #0c0fa885
-_WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume")
+_WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume",
+               "data_cache_dir", "data_num_proc", "dataloader_num_workers")   # where and how data is read, not what is trained
 
 # Hashing every byte of a 16 GB checkpoint on each resume would take minutes: above FULL_HASH_BYTES a file is
 # identified by its size and its first and last SAMPLE_BYTES (tensor data, which any retraining changes).

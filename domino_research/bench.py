@@ -6,13 +6,18 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
+import random
 import resource
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -22,7 +27,8 @@ from .target import check_device
 from .loss import chunked_dual_ce, naive_dual_ce
 
 # %% auto #0
-__all__ = ['VARIANTS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main']
+__all__ = ['VARIANTS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main', 'synthetic_chat_rows', 'write_synthetic_chats',
+           'data_step', 'bench_data']
 
 # %% ../nbs/33_bench.ipynb #b943c889
 def make_loss_inputs(T: int, V: int, H: int, E: int, G: int, dtype=torch.float32, device="cpu", seed: int = 0,
@@ -187,9 +193,10 @@ def _cmd_loss(a):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m domino_research.bench", description="domino_research benchmarks")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode}")   # internal subcommands stay unlisted
+    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # the "Decoding" cell below
+    _add_data_parser(sub)                                                 # the "Data" cell below
     return p
 
 def main(argv=None):
@@ -197,6 +204,136 @@ def main(argv=None):
     try: a.func(a)
     except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+
+# %% ../nbs/33_bench.ipynb #f68f2943
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ro", "ta", "shi", "ven", "dor", "al", "ex", "in", "on", "ur", "pe", "qua", "sto", "be")
+
+def synthetic_chat_rows(n: int, seed: int = 0):
+    "`n` chat rows of realistic length (a ~20-word question, a ~80-word answer, one row in five two turns long), lazily."
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(3000)]
+    text = lambda lo, hi: " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))) + "."
+    for _ in range(n):
+        turns = [{"role": "user", "content": text(8, 30)}, {"role": "assistant", "content": text(40, 120)}]
+        if rng.random() < 0.2: turns += [{"role": "user", "content": text(4, 16)}, {"role": "assistant", "content": text(20, 60)}]
+        yield {"messages": turns}
+
+def write_synthetic_chats(path, n: int, seed: int = 0) -> Path:
+    with open(path, "w") as f:
+        for row in synthetic_chat_rows(n, seed): f.write(json.dumps(row) + "\n")
+    return Path(path)
+
+
+# %% ../nbs/33_bench.ipynb #bb5c51f5
+def data_step(mode: str, data: str, tokenizer: str, cache_dir: str, seq_length: int, num_proc: int) -> dict:
+    "One launch's data work, measured in this process: `cached` (build the cache or map it) or `legacy` (today's in-memory path)."
+    from transformers import AutoTokenizer
+    from domino_research.data import build_chat_dataset, cached_chat_dataset, load_chat_rows
+    t0, c0 = time.perf_counter(), _cpu_s()
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    if mode == "cached":
+        ds, stats = cached_chat_dataset(data, tok, seq_length, cache_dir, num_proc=num_proc, verbose=False)
+        import pyarrow.compute as pc
+        pc.min(ds.with_format("arrow")["first_label"])                   # what the recipe's anchor check reads
+    else: ds, stats = build_chat_dataset(tok, load_chat_rows(data), seq_length, verbose=False)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024   # the largest map worker (Linux: KiB)
+    return dict(mode=mode, seconds=round(time.perf_counter() - t0, 2), cpu_s=round(_cpu_s() - c0, 2), peak_rss_mb=round(_maxrss_mb(), 1),
+                worker_peak_rss_mb=round(workers, 1), rows=stats["rows"], kept=stats["kept"], tokens=stats["tokens"])
+
+def _process_tree(pid: int) -> list[int]:
+    "`pid` and its descendants (Linux /proc)."
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(); out.append(p)
+        try: todo += [int(c) for t in os.listdir(f"/proc/{p}/task") for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError: pass
+    return out
+
+def _sample_anon_peaks(pid: int, stop: threading.Event, peaks: dict, every_s: float = 0.1):
+    """Peak `RssAnon` (MB) of `pid` ("main") and of its largest descendant ("workers"), sampled every `every_s`.
+    Anonymous memory is what a process allocates; its resident set also counts the pages of memory-mapped Arrow files
+    it has read, which the kernel can drop at any time and which grow with the data however little is allocated."""
+    while not stop.is_set():
+        for p in _process_tree(pid):
+            try: mb = int(next(l for l in open(f"/proc/{p}/status") if l.startswith("RssAnon")).split()[1]) / 1024
+            except (OSError, StopIteration, ValueError): continue
+            k = "main" if p == pid else "workers"; peaks[k] = max(peaks.get(k, 0.0), mb)
+        stop.wait(every_s)
+
+def _run_data_step(mode: str, **kw) -> dict:
+    "`data_step` in a fresh interpreter; `launch_s` also counts its start and imports, as a relaunch pays them."
+    cmd = [sys.executable, "-m", "domino_research.bench", "_data_step", "--mode", mode]
+    for k, v in kw.items(): cmd += [f"--{k}", str(v)]
+    t0, peaks, stop = time.perf_counter(), {}, threading.Event()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = threading.Thread(target=_sample_anon_peaks, args=(proc.pid, stop, peaks), daemon=True); sampler.start()
+    out, err = proc.communicate(); stop.set(); sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench data: the {mode} step failed (exit {proc.returncode}); command: {' '.join(cmd)}\n{err[-3000:]}")
+    return {**json.loads(out.strip().splitlines()[-1]), "launch_s": round(time.perf_counter() - t0, 2),
+            "peak_anon_mb": round(peaks.get("main", 0.0), 1), "worker_peak_anon_mb": round(peaks.get("workers", 0.0), 1)}
+
+
+# %% ../nbs/33_bench.ipynb #646f106d
+def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int | None = None, legacy_rows: int | None = None,
+               seq_length: int = 3072, workdir: str | None = None, seed: int = 0) -> dict:
+    "First launch (build the cache), cached relaunch, and today's in-memory path on `legacy_rows` rows, each in a fresh subprocess."
+    for k, v in dict(rows=rows, seq_length=seq_length, num_proc=num_proc, legacy_rows=legacy_rows).items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"bench data: {k} must be an integer >= 1, got {v!r}")
+    from domino_research.embedded import embedded_target_path
+    tok = str(embedded_target_path()) if tokenizer == "embedded" else tokenizer
+    if not (Path(tok) / "tokenizer_config.json").is_file():
+        raise ValueError(f"bench data: --tokenizer {tokenizer!r} is not a folder with a tokenizer (tokenizer_config.json)")
+    num_proc, legacy_rows = num_proc or min(8, os.cpu_count() or 1), min(legacy_rows or rows, rows)
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-") as d:   # the data, the cache: all removed after
+        data, legacy_data = write_synthetic_chats(Path(d) / "chats.jsonl", rows, seed), Path(d) / "legacy.jsonl"
+        with open(data) as src, open(legacy_data, "w") as dst: dst.writelines(itertools.islice(src, legacy_rows))
+        kw = dict(tokenizer=tok, cache_dir=Path(d) / "cache", seq_length=seq_length, num_proc=num_proc)
+        first, cached = _run_data_step("cached", data=data, **kw), _run_data_step("cached", data=data, **kw)
+        legacy = _run_data_step("legacy", data=legacy_data, **kw)
+        data_mb = data.stat().st_size / 2**20
+    legacy_rows_per_s = legacy["rows"] / legacy["seconds"]
+    legacy_est = rows / legacy_rows_per_s                                # today's path on all rows, at its measured rate
+    return dict(rows=rows, tokens=first["tokens"], tokens_per_row=round(first["tokens"] / max(first["kept"], 1), 1),
+                data_mb=round(data_mb, 1), tokenizer=tok, seq_length=seq_length, num_proc=num_proc,
+                first_launch=first, cached_relaunch=cached,
+                legacy=dict(legacy, measured_on_rows=legacy_rows, rows_per_s=round(legacy_rows_per_s, 1),
+                            rss_per_row_kb=round(legacy["peak_rss_mb"] * 1024 / legacy_rows, 2),
+                            estimated_s_for_all_rows=round(legacy_est, 1)),
+                cached_speedup_vs_legacy=round(legacy_est / cached["launch_s"], 1),           # a relaunch, imports included
+                cached_work_speedup_vs_legacy=round(legacy_est / max(cached["seconds"], 0.01), 1),   # the data work alone
+                first_launch_speedup_vs_legacy=round(legacy_est / first["launch_s"], 2),
+                torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"))
+
+
+# %% ../nbs/33_bench.ipynb #f24fd642
+def _add_data_parser(sub):
+    d = signature_defaults(bench_data)                                    # the defaults are the function's
+    p = sub.add_parser("data", help="tokenised-data cache: first launch, cached relaunch, and today's in-memory path",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rows", type=_pos, default=d["rows"], help="synthetic chat rows to generate")
+    p.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder ('embedded': the embedded target's)")
+    p.add_argument("--num_proc", type=_pos, default=d["num_proc"], help="processes building the cache (None: min(8, CPUs))")
+    p.add_argument("--legacy_rows", type=_pos, default=d["legacy_rows"], help="rows for today's path (None: all; it is slow)")
+    p.add_argument("--seq_length", type=_pos, default=d["seq_length"])
+    p.add_argument("--workdir", default=d["workdir"], help="where the temporary data and cache go (None: the system's temp folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_data)
+    q = sub.add_parser("_data_step")                                      # internal: what bench_data runs in each subprocess
+    q.add_argument("--mode", required=True, choices=["cached", "legacy"])
+    for k in ("data", "tokenizer", "cache_dir"): q.add_argument(f"--{k}", required=True)
+    for k in ("seq_length", "num_proc"): q.add_argument(f"--{k}", type=int, required=True)
+    q.set_defaults(func=lambda a: print(json.dumps(data_step(a.mode, a.data, a.tokenizer, a.cache_dir, a.seq_length, a.num_proc))))
+
+def _cmd_data(a):
+    r = bench_data(a.rows, a.tokenizer, a.num_proc, a.legacy_rows, a.seq_length, a.workdir)
+    if a.json: print(dumps_strict(r)); return
+    for k in ("rows", "tokens", "num_proc"): print(f"{k:>28}: {r[k]}")
+    for k in ("first_launch", "cached_relaunch", "legacy"):
+        print(f"{k:>28}: {r[k]['launch_s']} s, peak RSS {r[k]['peak_rss_mb']} MB (workers {r[k]['worker_peak_rss_mb']} MB), {r[k]['rows']} rows")
+    print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
+
 
 # %% ../nbs/33_bench.ipynb #d3c0de02
 def _seed_or_none(s):

@@ -5,22 +5,35 @@
 # %% ../nbs/11_data.ipynb #edfe14cc
 from __future__ import annotations
 
+import argparse
 import gzip
+import hashlib
 import json
+import os
 import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import datasets
+import pyarrow.compute as pc
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from .config import looks_local
 
+
 # %% auto #0
-__all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'ChatDataError', 'normalize_chat_row', 'load_chat_rows',
-           'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans', 'stop_token_ids', 'render_chat', 'tokenize_chat',
-           'show_loss_mask', 'build_chat_dataset', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
+__all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES', 'CHAT_CACHE_VERSION', 'ChatDataError',
+           'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
+           'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
+           'tokenizer_fingerprint', 'chat_cache_key', 'cached_chat_dataset', 'main', 'collate_chat', 'line_loop',
+           'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -56,31 +69,37 @@ def normalize_chat_row(row: dict, where: str) -> dict:
     return {"messages": messages}
 
 # %% ../nbs/11_data.ipynb #621d7e5b
-def _read_jsonl(path: Path) -> list[tuple[str, object]]:
-    "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
-    out = []
+def _parse_jsonl_line(path, lineno: int, raw: bytes):
+    "One line of a JSON Lines file → its object; a line that is not UTF-8 or not JSON raises naming the file and line."
+    try: line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ChatDataError(f"{path} line {lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                            "chat data must be UTF-8 JSON Lines: is this a binary or differently encoded file?") from None
+    try: return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ChatDataError(f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno}); "
+                            f"fix or remove the line: {line.strip()[:80]!r}") from None
+
+def _jsonl_lines(path):
+    "(line number, bytes) of each non-blank line (gunzipped when the name ends in `.gz`), one at a time."
     with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:   # bytes: a line that is not UTF-8 is named like a JSON error
         for lineno, raw in enumerate(f, 1):
-            try: line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ChatDataError(f"{path} line {lineno}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
-                                    "chat data must be UTF-8 JSON Lines: is this a binary or differently encoded file?") from None
-            if not line.strip(): continue
-            try: out.append((f"{path} line {lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ChatDataError(f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno}); "
-                                    f"fix or remove the line: {line.strip()[:80]!r}") from None
-    return out
+            if raw.strip(): yield lineno, raw
+
+def _read_jsonl(path: Path) -> list[tuple[str, object]]:
+    "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
+    return [(f"{path} line {n}", _parse_jsonl_line(path, n, raw)) for n, raw in _jsonl_lines(path)]
 
 _DATASETS_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 
-def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, object]]:
-    p = Path(source)
+def _open_with_datasets(source: str, split: str | None, cache_dir=None) -> datasets.Dataset:
+    "A local file/folder or a hub name as a (memory-mapped) `datasets.Dataset`; `cache_dir` is where `datasets` may write."
+    p, kw = Path(source), {"split": split or "train", "cache_dir": None if cache_dir is None else str(cache_dir)}
     try:
         if p.is_dir(): ds = datasets.load_from_disk(str(p)) if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() \
-                            else datasets.load_dataset(str(p), split=split or "train")
-        elif p.exists(): ds = datasets.load_dataset(_DATASETS_BUILDERS.get(p.suffix, p.suffix.lstrip(".")), data_files=str(p), split=split or "train")
-        else: ds = datasets.load_dataset(source, split=split or "train")
+                            else datasets.load_dataset(str(p), **kw)
+        elif p.exists(): ds = datasets.load_dataset(_DATASETS_BUILDERS.get(p.suffix, p.suffix.lstrip(".")), data_files=str(p), **kw)
+        else: ds = datasets.load_dataset(source, **kw)
     except Exception as e:
         raise ChatDataError(f"could not load chat data {source!r} (split={split!r}) with datasets: {type(e).__name__}: "
                             f"{' '.join(str(e).split())[:300]}. "
@@ -88,7 +107,10 @@ def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, objec
     if isinstance(ds, datasets.DatasetDict):
         if split is None and len(ds) != 1: raise ChatDataError(f"{source}: has splits {list(ds)}; pass split=")
         ds = ds[split] if split is not None else next(iter(ds.values()))
-    return [(f"{source} row {i}", row) for i, row in enumerate(ds)]
+    return ds
+
+def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, object]]:
+    return [(f"{source} row {i}", row) for i, row in enumerate(_open_with_datasets(source, split))]
 
 def _looks_like_json_lines(p: Path) -> bool:
     with open(p, encoding="utf-8", errors="replace") as f:   # undecodable bytes: _read_jsonl names their line
@@ -96,20 +118,25 @@ def _looks_like_json_lines(p: Path) -> bool:
             if line.strip(): return not line.lstrip().startswith("[")
     return True
 
+def _chat_source_kind(source) -> str:
+    "'jsonl' (read line by line by us) or 'datasets'; an unknown suffix or a missing local path fails here, naming it."
+    p = Path(source)
+    if p.is_file() and p.suffix in (".jsonl", ".json") and _looks_like_json_lines(p): return "jsonl"
+    if p.is_file() and p.suffix not in _DATASETS_BUILDERS:
+        raise ChatDataError(f"{p}: unknown chat data file type (suffix {p.suffix or 'none'!r}); name the file "
+                            f"{' / '.join(_DATASETS_BUILDERS)} after its format (JSON Lines: .jsonl)")
+    if not p.exists() and looks_local(source):   # decided here: the hub is never asked about a mistyped path
+        raise FileNotFoundError(f"chat data {str(source)!r} does not exist; check the path (a hub dataset is "
+                                "named 'name' or 'owner/name')")
+    return "datasets"
+
 def load_chat_rows(source, split: str | None = None) -> list[dict]:
     "Load and validate chat rows from JSONL, parquet/JSON (via `datasets`), a dataset name, or a list of dicts; all rows normalised to messages form."
     if isinstance(source, (list, tuple)): items = [(f"row {i}", r) for i, r in enumerate(source)]
-    else:
-        p = Path(source)
-        if p.is_file() and p.suffix in (".jsonl", ".json") and _looks_like_json_lines(p): items = _read_jsonl(p)
-        elif p.is_file() and p.suffix not in _DATASETS_BUILDERS:
-            raise ChatDataError(f"{p}: unknown chat data file type (suffix {p.suffix or 'none'!r}); name the file "
-                                f"{' / '.join(_DATASETS_BUILDERS)} after its format (JSON Lines: .jsonl)")
-        elif not p.exists() and looks_local(source):   # decided here: the hub is never asked about a mistyped path
-            raise FileNotFoundError(f"chat data {str(source)!r} does not exist; check the path (a hub dataset is "
-                                    "named 'name' or 'owner/name')")
-        else: items = _load_with_datasets(str(source), split)
+    elif _chat_source_kind(source) == "jsonl": items = _read_jsonl(Path(source))
+    else: items = _load_with_datasets(str(source), split)
     return [normalize_chat_row(row, where) for where, row in items]  # validates every row before returning any
+
 
 # %% ../nbs/11_data.ipynb #a1c0ffef
 def read_jsonl(path) -> list[dict]:
@@ -219,26 +246,206 @@ def show_loss_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str
     return "".join(out)
 
 # %% ../nbs/11_data.ipynb #c8fd9f6d
+CHAT_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "loss_mask": datasets.List(datasets.Value("int8"))})
+_SKIPPED = {1: "skipped_no_assistant", 2: "skipped_truncated"}   # row status 0 = kept
+
+def _tokenize_row(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool, where: str) -> tuple[dict, int, bool]:
+    "One conversation → (example truncated to `seq_length`, status 0 kept / 1 no assistant turn / 2 none within seq_length, truncated?)."
+    try: full = tokenize_chat(tokenizer, messages, seq_length=10**12, enable_thinking=enable_thinking)
+    except ChatDataError as e: raise ChatDataError(f"{where}: {e}") from None
+    ex = {k: v[:seq_length] for k, v in full.items()}
+    status = 0 if any(ex["loss_mask"]) else 1 if not any(full["loss_mask"]) else 2
+    return ex, status, len(full["input_ids"]) > seq_length
+
+def chat_stats_line(stats: dict, seq_length: int) -> str:
+    return (f"chat data: {stats['kept']}/{stats['rows']} rows kept ({stats['skipped_no_assistant']} without an assistant turn, "
+            f"{stats['skipped_truncated']} with no assistant token within seq_length={seq_length} skipped; {stats['truncated']} truncated), "
+            f"{stats['tokens']} tokens, {stats['supervised_tokens']} supervised")
+
 def build_chat_dataset(tokenizer, rows, seq_length: int, enable_thinking: bool = False, verbose: bool = True):
-    "Tokenise chat rows → (`datasets.Dataset` with `input_ids`, `loss_mask`; stats dict). Rows without a supervised token are skipped and counted."
+    "Tokenise chat rows in memory → (`datasets.Dataset` with `input_ids`, `loss_mask`; stats dict). Rows without a supervised token are skipped and counted."
     _check_chat_template(tokenizer)
     rows = [normalize_chat_row(r, f"row {i}") for i, r in enumerate(rows)]
     cols = {"input_ids": [], "loss_mask": []}
     stats = dict(rows=len(rows), kept=0, skipped_no_assistant=0, skipped_truncated=0, truncated=0, tokens=0, supervised_tokens=0)
-    for r in rows:
-        full = tokenize_chat(tokenizer, r["messages"], seq_length=10**12, enable_thinking=enable_thinking)
-        ex = {k: v[:seq_length] for k, v in full.items()}
-        if not any(full["loss_mask"]): stats["skipped_no_assistant"] += 1; continue
-        if not any(ex["loss_mask"]): stats["skipped_truncated"] += 1; continue
-        stats["truncated"] += len(full["input_ids"]) > seq_length
+    for i, r in enumerate(rows):
+        ex, status, truncated = _tokenize_row(tokenizer, r["messages"], seq_length, enable_thinking, f"row {i}")
+        if status: stats[_SKIPPED[status]] += 1; continue
+        stats["truncated"] += truncated
         stats["kept"] += 1; stats["tokens"] += len(ex["input_ids"]); stats["supervised_tokens"] += sum(ex["loss_mask"])
         for k in cols: cols[k].append(ex[k])
-    if verbose:
-        print(f"chat data: {stats['kept']}/{stats['rows']} rows kept ({stats['skipped_no_assistant']} without an assistant turn, "
-              f"{stats['skipped_truncated']} with no assistant token within seq_length={seq_length} skipped; {stats['truncated']} truncated), "
-              f"{stats['tokens']} tokens, {stats['supervised_tokens']} supervised")
-    features = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "loss_mask": datasets.List(datasets.Value("int8"))})
-    return datasets.Dataset.from_dict(cols, features=features), stats
+    if verbose: print(chat_stats_line(stats, seq_length))
+    return datasets.Dataset.from_dict(cols, features=CHAT_FEATURES), stats
+
+
+# %% ../nbs/11_data.ipynb #1306e909
+CHAT_CACHE_VERSION = 1   # bump whenever the same inputs would give other cached rows (tokenisation, masks, columns, stats)
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    "Digest of the tokenizer's vocabulary, special tokens and chat template."
+    parts = [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+def _content_digest(path) -> str:
+    with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()   # streamed: constant memory
+
+def _source_identity(source) -> list:
+    "What the rows are read from: a local file's bytes, a local folder's files and bytes, else (a hub dataset) its name."
+    p = Path(source)
+    if p.is_file(): return ["file", p.suffix, _content_digest(p)]
+    if p.is_dir(): return ["folder", [[str(q.relative_to(p)), _content_digest(q)] for q in sorted(p.rglob("*")) if q.is_file()]]
+    return ["name", str(source)]
+
+def chat_cache_key(source, tokenizer, seq_length: int, enable_thinking: bool = False, max_samples: int | None = None) -> str:
+    "Digest of everything the tokenised rows depend on: a cache is reused only under the same key."
+    parts = dict(version=CHAT_CACHE_VERSION, source=_source_identity(source), tokenizer=tokenizer_fingerprint(tokenizer),
+                 seq_length=seq_length, enable_thinking=bool(enable_thinking), max_samples=max_samples)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# %% ../nbs/11_data.ipynb #609a0f5b
+_CACHE_FEATURES = datasets.Features({**CHAT_FEATURES, "first_label": datasets.Value("int32"), "status": datasets.Value("int8"),
+                                     "truncated": datasets.Value("bool"), "supervised": datasets.Value("int32")})
+
+def _jsonl_records(path: str, max_rows: int | None):
+    "`Dataset.from_generator` source: each non-blank line as bytes with its number, parsed later by the map (which names it)."
+    for n, (lineno, raw) in enumerate(_jsonl_lines(path)):
+        if max_rows is not None and n >= max_rows: return
+        yield {"line": lineno, "raw": raw}
+
+def _tokenize_batch(batch: dict, indices: list[int], tokenizer, seq_length: int, enable_thinking: bool, source: str, jsonl: bool) -> dict:
+    "`Dataset.map` function: validate, render, tokenise and truncate a batch of raw rows; every row keeps a status."
+    out = {k: [] for k in _CACHE_FEATURES}
+    for j, i in enumerate(indices):
+        if jsonl: where, row = f"{source} line {batch['line'][j]}", _parse_jsonl_line(source, batch["line"][j], batch["raw"][j])
+        else: where, row = f"{source} row {i}", {k: v[j] for k, v in batch.items()}
+        ex, status, truncated = _tokenize_row(tokenizer, normalize_chat_row(row, where)["messages"], seq_length, enable_thinking, where)
+        if status: ex = {"input_ids": [], "loss_mask": []}             # a skipped row is only counted
+        out["input_ids"].append(ex["input_ids"]); out["loss_mask"].append(ex["loss_mask"])
+        out["first_label"].append(ex["loss_mask"].index(1) if not status else -1)   # the earliest possible anchor
+        out["status"].append(status); out["truncated"].append(truncated and not status)
+        out["supervised"].append(sum(ex["loss_mask"]))
+    return out
+
+def _column_stats(ds: datasets.Dataset) -> dict:
+    "The counts `build_chat_dataset` keeps, by Arrow compute over the memory-mapped columns (no Python loop over rows)."
+    t = ds.data
+    total = lambda arr: pc.sum(arr).as_py() or 0
+    return dict(rows=len(ds), kept=total(pc.equal(t.column("status"), 0)), skipped_no_assistant=total(pc.equal(t.column("status"), 1)),
+                skipped_truncated=total(pc.equal(t.column("status"), 2)), truncated=total(t.column("truncated")),
+                tokens=total(pc.list_value_length(t.column("input_ids"))), supervised_tokens=total(t.column("supervised")))
+
+
+# %% ../nbs/11_data.ipynb #f20acf51
+def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable_thinking: bool, max_samples: int | None,
+                      num_proc: int, tmp: Path, key: str) -> dict:
+    "Tokenise `source` into `tmp/rows` (Arrow, `save_to_disk`) and `tmp/stats.json`; returns the stats."
+    work = tmp / "work"        # datasets' intermediate files live in the temp folder too, never in ~/.cache
+    if kind == "jsonl":
+        raw = datasets.Dataset.from_generator(_jsonl_records, gen_kwargs=dict(path=source, max_rows=max_samples), cache_dir=str(work),
+                                              features=datasets.Features({"line": datasets.Value("int64"), "raw": datasets.Value("binary")}))
+    else:
+        raw = _open_with_datasets(source, None, cache_dir=work)
+        if max_samples is not None: raw = raw.select(range(min(max_samples, len(raw))))
+    procs = max(1, min(num_proc, len(raw)))
+    rows = raw.map(_tokenize_batch, batched=True, with_indices=True, remove_columns=raw.column_names, features=_CACHE_FEATURES,
+                   fn_kwargs=dict(tokenizer=tokenizer, seq_length=seq_length, enable_thinking=enable_thinking, source=source,
+                                  jsonl=kind == "jsonl"),
+                   num_proc=procs if procs > 1 else None, cache_file_name=str(work / "tokenized.arrow"), new_fingerprint=key)
+    stats = _column_stats(rows)
+    kept = rows.filter(lambda s: [x == 0 for x in s], input_columns="status", batched=True, cache_file_name=str(work / "kept.arrow"))
+    # in this process: datasets writes with num_proc through "spawn" workers, which re-import the caller's main module
+    kept.select_columns(["input_ids", "loss_mask", "first_label"]).save_to_disk(str(tmp / "rows"))
+    shutil.rmtree(work)
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted((tmp / "rows").rglob("*")) if p.is_file()}
+    (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files}, indent=2))   # written last
+    return stats
+
+def _load_chat_cache(path: Path) -> tuple[datasets.Dataset, dict]:
+    "A finished cache; raises (the caller rebuilds) if a file is missing, has another size, or does not load."
+    info = json.loads((path / "stats.json").read_text())
+    for name, size in info["files"].items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != size: raise OSError(f"{f} is missing or has another size than was written")
+    ds = datasets.load_from_disk(str(path / "rows"))          # memory-mapped: rows stay on disk
+    if len(ds) != info["kept"]: raise OSError(f"{path / 'rows'} holds {len(ds)} rows, {info['kept']} were written")
+    return ds, {k: v for k, v in info.items() if k not in ("key", "files")}
+
+def _remove_own_stale_temps(cache_dir: Path):
+    "Temp folders that builds killed on this host left behind (their process is gone); nothing else is ever deleted."
+    for p in cache_dir.glob(".tmp-chat-*"):
+        m = re.fullmatch(rf"\.tmp-chat-[0-9a-f]+-(\d+)@{re.escape(socket.gethostname())}-.*", p.name)
+        if not m: continue
+        try: os.kill(int(m[1]), 0)
+        except ProcessLookupError: shutil.rmtree(p, ignore_errors=True)
+        except OSError: pass                                   # alive, another user's
+
+
+# %% ../nbs/11_data.ipynb #a8c6e27b
+def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_thinking: bool = False,
+                        max_samples: int | None = None, num_proc: int = 1, verbose: bool = True, build: bool = True,
+                        poll_s: float = 2.0) -> tuple[datasets.Dataset, dict]:
+    """Tokenised chat rows (`input_ids`, `loss_mask`, `first_label`) of `source`, built once into `cache_dir` and
+    memory-mapped after; and the stats. With `build=False` (the other ranks of a launch) wait for the cache instead."""
+    _check_chat_template(tokenizer)
+    source, kind = str(source), _chat_source_kind(source)
+    cache_dir = Path(cache_dir).expanduser(); cache_dir.mkdir(parents=True, exist_ok=True)
+    key = chat_cache_key(source, tokenizer, seq_length, enable_thinking, max_samples)
+    final, ds = cache_dir / f"chat-{key}", None
+    while not build:                                           # a file poll, not a collective: no process-group timeout
+        try: ds, stats = _load_chat_cache(final); how = "cached in"; break
+        except Exception: time.sleep(poll_s)                   # not built yet, or being rebuilt
+    if ds is None and final.exists():
+        try: ds, stats = _load_chat_cache(final); how = "cached in"
+        except Exception as e:                                 # damaged: set aside (never deleted) and rebuilt
+            aside = cache_dir / f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(final, aside)
+            warnings.warn(f"chat data cache {final} is damaged ({' '.join(str(e).split())[:200]}); rebuilding it "
+                          f"(the damaged copy is in {aside}: delete it)", stacklevel=2)
+    if ds is None:
+        _remove_own_stale_temps(cache_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-{os.getpid()}@{socket.gethostname()}-", dir=cache_dir))
+        try:
+            t0 = time.perf_counter()
+            _build_chat_cache(source, kind, tokenizer, seq_length, enable_thinking, max_samples, num_proc, tmp, key)
+            try: os.replace(tmp, final); how = f"built in {time.perf_counter() - t0:.0f} s into"
+            except OSError: how = "built by another process into"   # it finished first: its copy is the same
+        finally: shutil.rmtree(tmp, ignore_errors=True)
+        ds, stats = _load_chat_cache(final)
+    if verbose: print(f"{chat_stats_line(stats, seq_length)}; {how} {final}", flush=True)
+    return ds, stats
+
+
+# %% ../nbs/11_data.ipynb #099919d5
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m domino_research.data", description="Chat data tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="tokenise chat data into the cache a training run reads (before a many-process launch)")
+    b.add_argument("data", help="chat JSONL / parquet file or dataset name (the run's train_data or eval_data)")
+    b.add_argument("--tokenizer", required=True, help="the target's folder (the run's target): its tokenizer is used")
+    b.add_argument("--seq_length", type=int, required=True, help="the run's seq_length")
+    b.add_argument("--cache_dir", required=True, help="the run's data_cache_dir (default there: <output_dir>/.data_cache)")
+    b.add_argument("--enable_thinking", action="store_true", help="the run's enable_thinking")
+    b.add_argument("--max_samples", type=int, default=None, help="the run's max_train_samples / max_eval_samples")
+    b.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
+    return p
+
+def main(argv=None):
+    "`python -m domino_research.data build DATA --tokenizer DIR --seq_length N --cache_dir DIR`: the key is the run's, so the run then maps it."
+    p = _build_parser(); a = p.parse_args(argv)
+    for k in ("seq_length", "num_proc", "max_samples"):
+        if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+        cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
+    except (ValueError, OSError) as e:      # ChatDataError is a ValueError; a missing file or tokenizer folder an OSError
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+
+
+# %% ../nbs/11_data.ipynb #12506ab2
+#| eval: false
+if __name__ == "__main__": main()
 
 # %% ../nbs/11_data.ipynb #2801e8a3
 def collate_chat(batch: list[dict], pad_token_id: int) -> dict:

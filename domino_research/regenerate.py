@@ -23,13 +23,12 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
 from .config import looks_local, signature_defaults, write_atomic
-from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids
+from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids, tokenizer_fingerprint
 from .target import check_device, check_target_path, load_target
 
 # %% auto #0
-__all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'tokenizer_fingerprint',
-           'run_identity', 'meta_path', 'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars',
-           'length_batches', 'regenerate', 'main']
+__all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
+           'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars', 'length_batches', 'regenerate', 'main']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -181,11 +180,6 @@ def target_fingerprint(target) -> str:
             sample = flat[:: max(1, flat.numel() // 64)][:64].to("cpu", torch.bfloat16)
             h.update(f"{name}{tuple(w.shape)}".encode()); h.update(sample.view(torch.int16).numpy().tobytes())
     return _digest(h)
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    "Digest of the tokenizer's vocabulary, special tokens and chat template."
-    parts = [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
-    return _digest(hashlib.sha256(json.dumps(parts, default=str).encode()))
 
 def _name(obj) -> str:
     n = str(getattr(obj, "name_or_path", "") or "")

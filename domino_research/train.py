@@ -4,13 +4,13 @@
 
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
-import dataclasses, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
+import dataclasses, functools, itertools, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import torch, torch.distributed as dist, yaml
+import pyarrow.compute as pc, torch, torch.distributed as dist, yaml
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from fastcore.basics import patch
@@ -27,7 +27,7 @@ from .reduce import EvalSums
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
-from .data import ChatDataError, load_chat_rows, build_chat_dataset, collate_chat
+from .data import ChatDataError, cached_chat_dataset, collate_chat
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
@@ -35,10 +35,10 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMA
            'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
            'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
-           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'RunLock',
-           'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb', 'epoch_order',
-           'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'estimate_memory', 'format_memory',
-           'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
+           'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
+           'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'data_cache_dir',
+           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -53,6 +53,9 @@ class DFlashTrainConfig:
     max_train_samples: Optional[int] = None    # cap on training rows (None = all)
     max_eval_samples: Optional[int] = None     # cap on validation rows
     packing: bool = False                      # several conversations per row, kept apart (notebook 15)
+    data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
+    data_num_proc: Optional[int] = None        # processes that tokenise a new cache (None = min(8, CPU count))
+    dataloader_num_workers: int = 0            # DataLoader worker processes reading and collating micro-batches
     # -- draft
     draft_num_hidden_layers: int = 5
     draft_intermediate_size: Optional[int] = None  # MLP width of each draft layer (None = the target's)
@@ -142,6 +145,8 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     _check(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", f"must be >= 1 or null (got {cfg.max_steps})")
     for k in ("max_train_samples", "max_eval_samples"):     # 0 would silently mean "no rows", not "all rows"
         _check(getattr(cfg, k) is None or getattr(cfg, k) >= 1, k, f"must be >= 1, or null for all rows (got {getattr(cfg, k)})")
+    _check(cfg.data_num_proc is None or cfg.data_num_proc >= 1, "data_num_proc", f"must be >= 1, or null for min(8, CPU count) (got {cfg.data_num_proc})")
+    _check(cfg.dataloader_num_workers >= 0, "dataloader_num_workers", f"must be >= 0 (0 reads batches in the training process; got {cfg.dataloader_num_workers})")
     _check(cfg.learning_rate > 0, "learning_rate", f"must be > 0 (got {cfg.learning_rate})")
     _check(0 <= cfg.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1) (got {cfg.warmup_ratio})")
     _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
@@ -330,12 +335,14 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
-RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
+RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts")
 
-def check_resumed_config(path, cfg: DFlashTrainConfig):
-    "Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change)."
+def check_resumed_config(path, cfg: DFlashTrainConfig, loop: Optional[dict] = None, world_size: int = 1):
+    """Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change),
+    or with another global batch; `grad_accumulation_steps` may change with the number of processes (`loop` is the
+    checkpoint's loop state, `world_size` this run's) as long as the global batch stays the same."""
     saved_file = Path(path) / "config.json"
     if not saved_file.is_file():
         warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it", stacklevel=2)
@@ -343,11 +350,25 @@ def check_resumed_config(path, cfg: DFlashTrainConfig):
     now = json.loads(json.dumps(dataclasses.asdict(cfg)))
     defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))      # a key added since the checkpoint: its default
     saved = {**defaults, **json.loads(saved_file.read_text())}
-    diff = sorted(k for k in saved.keys() | now.keys() if k not in RESUMABLE_KEYS and saved.get(k) != now.get(k))
+    diff = sorted(k for k in saved.keys() | now.keys()
+                  if k not in (*RESUMABLE_KEYS, "grad_accumulation_steps") and saved.get(k) != now.get(k))
     if diff:
         pairs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in diff)
         raise ConfigError(f"resume: {path} was trained with other settings ({pairs}); a resumed run continues the same "
                           f"training, so resume with the checkpoint's values (in {saved_file}) or start a new run_name")
+    check_global_batch(path, saved["micro_batch_size"], saved["grad_accumulation_steps"], (loop or {}).get("world_size", world_size),
+                       cfg.grad_accumulation_steps, world_size)
+
+def check_global_batch(path, micro_batch_size: int, saved_accumulation: int, saved_world: int, accumulation: int, world: int):
+    "The samples per optimiser step fix the steps per epoch and the LR schedule: a resume must keep them, on any number of processes."
+    saved, now = micro_batch_size * saved_accumulation * saved_world, micro_batch_size * accumulation * world
+    if saved == now: return
+    per_step = micro_batch_size * world
+    fix = (f"set grad_accumulation_steps: {saved // per_step} to keep it" if saved % per_step == 0 else
+           f"no grad_accumulation_steps keeps it on {world} processes: resume on a number of processes that divides {saved // micro_batch_size}")
+    raise ConfigError(f"resume: {path} was trained with {saved} samples per optimiser step (micro_batch_size {micro_batch_size} × "
+                      f"grad_accumulation_steps {saved_accumulation} × {saved_world} processes), this run would take {now} "
+                      f"(grad_accumulation_steps {accumulation} × {world} processes); {fix}")
 
 # %% ../nbs/34_train.ipynb #00634ea2
 class RunLock:
@@ -445,14 +466,17 @@ def check_wandb(timeout: float = 30.0):
     if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
 
 # %% ../nbs/34_train.ipynb #5d9bc8b0
-def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool) -> list[list[int]]:
-    "Micro-batches (lists of row indices) of one epoch for one rank."
+def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
+                start: int = 0) -> list[list[int]]:
+    """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
+    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
     per_rank = math.ceil(n / world)
     if pad:  # equal micro-batch counts on every rank: wrap the order around
-        per_rank = math.ceil(per_rank / micro_batch_size) * micro_batch_size
-        order = (order * (per_rank * world // max(n, 1) + 1))[: per_rank * world]
+        per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
+        end = start + per_rank * world
+        order = (order * (end // max(n, 1) + 1))[start: end]
     mine = order[rank::world]
     return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
 
@@ -486,8 +510,8 @@ class TrainDFlashRecipe:
         self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
+        self._check_has_anchors()                          # on the conversations; packing then checks its rows
         if cfg.packing: self._pack_datasets()
-        self._check_has_anchors()
         if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
@@ -566,21 +590,30 @@ def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
                           "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
     if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
     check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
-    check_resumed_config(path, self.cfg)
-    return {"path": path, **load_checkpoint_state(path)}
+    state = load_checkpoint_state(path)
+    check_resumed_config(path, self.cfg, state["loop"], self.accelerator.num_processes)
+    return {"path": path, **state}
+
+def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
+    "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
+    return Path(cfg.data_cache_dir or Path(cfg.output_dir) / ".data_cache").expanduser()
 
 @patch
 def _build_datasets(self: TrainDFlashRecipe):
-    cfg, out = self.cfg, []
+    "Train and validation rows from the data cache: each node's first process builds what is missing, the others wait and map it."
+    cfg, acc, out, cache = self.cfg, self.accelerator, [], data_cache_dir(self.cfg)
+    if acc.is_local_main_process:
+        try: cache.mkdir(parents=True, exist_ok=True); tempfile.TemporaryDirectory(dir=cache).cleanup()
+        except OSError as e:
+            raise ConfigError(f"data_cache_dir: cannot write {cache} ({e.strerror}); choose a writable data_cache_dir") from None
     for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):
         source = getattr(cfg, key)
         if source is None: out.append(None); continue
         check_data_thinking(key, resolve_data_path(source), cfg.enable_thinking)
         try:
-            rows = load_chat_rows(resolve_data_path(source))
-            if cap is not None: rows = rows[:cap]
-            ds, stats = build_chat_dataset(self.tokenizer, rows, cfg.seq_length, enable_thinking=cfg.enable_thinking,
-                                           verbose=self.accelerator.is_main_process)
+            ds, _ = cached_chat_dataset(resolve_data_path(source), self.tokenizer, cfg.seq_length, cache, cfg.enable_thinking, cap,
+                                        num_proc=cfg.data_num_proc or min(8, os.cpu_count() or 1),
+                                        verbose=acc.is_main_process, build=acc.is_local_main_process)
         except (ChatDataError, FileNotFoundError) as e: raise ConfigError(f"{key}: {e}") from None
         if len(ds) == 0: raise ConfigError(f"{key}: {source} has no row with a supervised token within seq_length={cfg.seq_length}")
         out.append(ds)
@@ -596,7 +629,8 @@ def _check_decode_prompts(self: TrainDFlashRecipe):
 def _check_has_anchors(self: TrainDFlashRecipe):
     "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
     last = self.cfg.seq_length - self.cfg.block_size    # a batch is at most seq_length long: anchors a <= S - bs
-    if not any(any(ex["loss_mask"][: last + 1]) for ex in self.train_set):
+    first = self.train_set.with_format("arrow")["first_label"]   # each row's first supervised token, from the cache
+    if pc.min(first).as_py() > last:
         raise ConfigError(f"block_size: no training row can hold a block of {self.cfg.block_size} tokens (an anchor "
                           f"is a supervised token with block_size - 1 tokens after it within seq_length="
                           f"{self.cfg.seq_length}); lower block_size or raise seq_length")
@@ -687,8 +721,18 @@ def print(self: TrainDFlashRecipe, *args):
 
 @patch
 def _collate(self: TrainDFlashRecipe, dataset, rows: list[int]) -> dict:
-    batch = collate_chat([dataset[i] for i in rows], self.tokenizer.pad_token_id)
-    return {k: v.to(self.accelerator.device) for k, v in batch.items()}
+    return self._to_device(collate_chat([dataset[i] for i in rows], self.tokenizer.pad_token_id))
+
+@patch
+def _to_device(self: TrainDFlashRecipe, batch: dict) -> dict:
+    return {k: v.to(self.accelerator.device, non_blocking=True) for k, v in batch.items()}
+
+@patch
+def _train_loader(self: TrainDFlashRecipe, batches: list[list[int]]) -> torch.utils.data.DataLoader:
+    "A DataLoader over the training rows that yields `batches` (micro-batches of row indices), in that order, collated."
+    return torch.utils.data.DataLoader(self.train_set, batch_sampler=batches, num_workers=self.cfg.dataloader_num_workers,
+                                       collate_fn=functools.partial(collate_chat, pad_token_id=self.tokenizer.pad_token_id),
+                                       pin_memory=torch.cuda.is_available())
 
 @patch
 def _features(self: TrainDFlashRecipe, batch) -> torch.Tensor:
@@ -791,14 +835,14 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
 
 # %% ../nbs/34_train.ipynb #fa94182b
 @patch
-def _train_window(self: TrainDFlashRecipe, window: list[list[int]], step: int) -> Optional[dict]:
-    """One optimiser step over up to `grad_accumulation_steps` micro-batches.
+def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Optional[dict]:
+    """One optimiser step over up to `grad_accumulation_steps` collated micro-batches.
 
     Each micro-batch's loss is a Σw-normalised mean, so we rescale it by Σw_i / Σw_window (Σw over all micro-batches
     and ranks, known before any forward because anchors are sampled first): the step then equals one big batch, a
     trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`."""
     cfg, acc = self.cfg, self.accelerator
-    batches = [self._collate(self.train_set, rows) for rows in window]
+    batches = [self._to_device(b) for b in window]
     has = [self._add_anchors(b, self.generator) for b in batches]
     keep = self._reduce([float(h) for h in has], "min")   # skipped on every rank if any rank has no anchor
     batches = [b for b, k in zip(batches, keep) if k]
@@ -861,17 +905,19 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     if cfg.wandb_project:      # wandb's own files go into the run directory, not the working directory
         acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
                           init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
-    step, epoch, offset = 0, 0, 0                      # optimiser steps done; epoch; micro-batches done in it
+    step, epoch, position = 0, 0, 0                    # optimiser steps done; epoch; samples of its order all ranks consumed
     metrics_file = run_dir / "metrics.jsonl"
-    if self.start is not None: step, epoch, offset = self._restore(metrics_file)
+    if self.start is not None: step, epoch, position = self._restore(metrics_file)
     bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
     self.model.train()
     while step < self.total_steps and epoch < cfg.num_epochs:
         batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
-                              cfg.micro_batch_size, pad=True)
+                              cfg.micro_batch_size, pad=True, start=position)
+        start, offset, loader = position, 0, iter(self._train_loader(batches))   # offset: micro-batches of `batches` done
         while offset < len(batches) and step < self.total_steps:
-            window = batches[offset: offset + cfg.grad_accumulation_steps]
+            window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
             offset += len(window)
+            position = start + offset * cfg.micro_batch_size * acc.num_processes   # every rank took as many
             stats = self._train_window(window, step)
             if stats is None: continue                  # the whole window was skipped on every rank
             step += 1
@@ -883,9 +929,9 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
             bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                             **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
             if cfg.save_every_steps and step % cfg.save_every_steps == 0:
-                self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, offset)))
+                self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, position)))
         if offset >= len(batches):
-            epoch, offset = epoch + 1, 0
+            epoch, position = epoch + 1, 0
             if epoch < cfg.num_epochs and step < self.total_steps and cfg.eval_data is not None:
                 self._log(metrics_file, {"step": step, "epoch": epoch, **self.evaluate()}, step)
     bar.close()
@@ -894,7 +940,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
                           f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
     final = {"step": step, **self.evaluate()}
     self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
-    self._save(run_dir, step, epoch, offset)
+    self._save(run_dir, step, epoch, position)
     if acc.is_main_process:
         _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
         _write_json(run_dir / "summary.json", final)
@@ -909,12 +955,13 @@ def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
 
 # %% ../nbs/34_train.ipynb #cd4f8b16
 @patch
-def _save(self: TrainDFlashRecipe, run_dir, step, epoch, offset):
+def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
     acc = self.accelerator
     if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
     rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
     if acc.is_main_process:
-        loop = {"step": step, "epoch": epoch, "offset": offset, "world_size": acc.num_processes}
+        loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
+                "grad_accumulation_steps": self.cfg.grad_accumulation_steps}
         save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, self.optimizer, self.scheduler, loop, rng,
                         self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints)
         if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
@@ -923,19 +970,21 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, offset):
 
 @patch
 def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
-    s, acc = self.start, self.accelerator
-    if s["loop"]["world_size"] != acc.num_processes:
-        raise ConfigError(f"resume: {s['path']} was written by {s['loop']['world_size']} processes, this run has "
-                          f"{acc.num_processes}; resume with the same number of processes")
+    s, acc, loop = self.start, self.accelerator, self.start["loop"]
+    # older checkpoints counted micro-batches per rank: the same place in the epoch's order
+    position = loop["position"] if "position" in loop else loop["offset"] * self.cfg.micro_batch_size * loop["world_size"]
     self.optimizer.load_state_dict(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
-    _set_rng_state(s["rng"][acc.process_index], self.generator)
+    rank, saved_world = acc.process_index, loop["world_size"]
+    if rank < saved_world: _set_rng_state(s["rng"][rank], self.generator)   # a rank the checkpoint had: its own streams
+    else: _set_rng_state({**s["rng"][0], "anchor_generator": self.generator.get_state()}, self.generator)   # a new rank: its fresh anchor stream
     step = self.saved_step = s["loop"]["step"]
     if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
         rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
         write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
-    self.print(f"resumed from {s['path']} at step {step}")
-    self.start = {"path": s["path"], "loop": s["loop"]}  # the optimiser state is loaded: let it go
-    return step, s["loop"]["epoch"], s["loop"]["offset"]
+    moved = f" on {acc.num_processes} processes (it had {saved_world})" if saved_world != acc.num_processes else ""
+    self.print(f"resumed from {s['path']} at step {step}{moved}, sample {position} of epoch {loop['epoch']}")
+    self.start = {"path": s["path"], "loop": loop}       # the optimiser state is loaded: let it go
+    return step, loop["epoch"], position
 
 # %% ../nbs/34_train.ipynb #b62d43ea
 class TrainDominoRecipe(TrainDFlashRecipe):

@@ -184,7 +184,8 @@ def test_grad_accumulation_equals_big_batch(tiny, tmp_path):
         r = FixedAnchors(cfg).setup()
         seen = []
         r.optimizer.step = lambda: seen.append({n: p.grad.clone() for n, p in r.trainer.named_parameters()})
-        assert r._train_window([[0], [1], [2], [3]] if ga == 4 else [[0, 1, 2, 3]], step=3) is not None
+        window = [r._collate(r.train_set, rows) for rows in ([[0], [1], [2], [3]] if ga == 4 else [[0, 1, 2, 3]])]
+        assert r._train_window(window, step=3) is not None
         grads[name] = seen[0]
     assert any(g.abs().sum() > 0 for g in grads["acc"].values())
     assert grads["acc"].keys() == grads["big"].keys()
@@ -213,6 +214,9 @@ def _bad(tiny, tmp_path, **kw):
     ({"target_layer_ids": [0, 99]}, "target_layer_ids"),
     ({"emb_dim": 0}, "emb_dim"),
     ({"train_data": "/nonexistent/data.jsonl"}, "data.jsonl"),
+    ({"data_num_proc": -1}, "data_num_proc: must be >= 1"),
+    ({"data_num_proc": 0}, "data_num_proc: must be >= 1"),
+    ({"dataloader_num_workers": -1}, "dataloader_num_workers: must be >= 0"),
 ])
 def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
     assert needle in _bad(tiny, tmp_path, **kw)
@@ -221,6 +225,11 @@ def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
 def test_unwritable_output_dir(tiny, tmp_path):
     blocker = tmp_path / "file"; blocker.write_text("x")
     assert "output_dir" in _bad(tiny, tmp_path, output_dir=str(blocker / "runs"))
+
+
+def test_unwritable_data_cache_dir(tiny, tmp_path):
+    blocker = tmp_path / "file"; blocker.write_text("x")
+    assert "data_cache_dir: cannot write" in _bad(tiny, tmp_path, data_cache_dir=str(blocker / "cache"))
 
 
 def test_mismatched_resume_refused(tiny, tmp_path):
@@ -283,3 +292,56 @@ def test_cli_packing_block_too_long_for_every_conversation(tiny, tmp_path):
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "block_size" in p.stderr and "packing: true" in p.stderr and len(p.stderr.strip().splitlines()) <= 3, p.stderr
     assert not (tmp_path / "runs" / "big").exists()
+
+
+# ------------------------------------------------------------------ resume on another number of processes
+def _sample_run(cfg_path, out_dir, nproc, stop_after=None, timeout=240):
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    worker = str(REPO / "tests" / "_sample_worker.py")
+    cmd = [sys.executable, worker] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                                                        "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker]
+    env = {**ENV, **({"STOP_AFTER": str(stop_after)} if stop_after else {})}
+    p = subprocess.run(cmd + [cfg_path, str(out_dir)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    return p
+
+
+def _samples_per_step(*out_dirs) -> dict:
+    "step -> sorted rows that all ranks of all the given runs used in it"
+    steps = {}
+    for d in out_dirs:
+        for f in Path(d).glob("samples-rank*.jsonl"):
+            for line in f.read_text().splitlines():
+                r = json.loads(line); steps.setdefault(r["step"], []).extend(r["rows"])
+    return {s: sorted(v) for s, v in sorted(steps.items())}
+
+
+def test_resume_on_another_number_of_processes(tiny, tmp_path):
+    """2 ranks × accumulation 1 stop after 2 steps; 1 rank × accumulation 2 resumes: every step uses the same samples as
+    the uninterrupted 2-rank run, and the run ends at the same step. Other accumulation: refused, naming the value to use."""
+    from domino_research.train import main
+    from domino_research.config import ConfigError
+    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "eval_data": None}  # 24 rows, 4 per step
+    _sample_run(write_config(tmp_path / "straight.yaml", {**base, "run_name": "straight"}), tmp_path / "straight", nproc=2)
+    moved = {**base, "run_name": "moved"}
+    _sample_run(write_config(tmp_path / "m2.yaml", moved), tmp_path / "first", nproc=2, stop_after=2)
+    assert sorted(p.name for p in (tmp_path / "runs" / "moved" / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    with pytest.raises(ConfigError, match="set grad_accumulation_steps: 2 to keep it"):
+        main(None, **{**moved, "resume": "latest"})
+    p = _sample_run(write_config(tmp_path / "m1.yaml", {**moved, "resume": "latest", "grad_accumulation_steps": 2}),
+                    tmp_path / "second", nproc=1)
+    assert "on 1 processes (it had 2), sample 8 of epoch 0" in p.stdout
+    straight, moved_steps = _samples_per_step(tmp_path / "straight"), _samples_per_step(tmp_path / "first", tmp_path / "second")
+    assert list(straight) == list(range(1, 7)) and sorted(sum(straight.values(), [])) == list(range(24))
+    assert moved_steps == straight
+    assert json.loads((tmp_path / "second" / "rank0.json").read_text())["step"] == 6
+
+
+def test_dataloader_workers_do_not_change_training(tiny, tmp_path):
+    "Batches read by DataLoader worker processes: the same trained draft, bit for bit, as read in the training process."
+    from domino_research.train import main
+    for workers in (0, 2):
+        main(None, **{**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": f"w{workers}", "max_steps": 3,
+                      "eval_data": None, "dataloader_num_workers": workers})
+    a, b = _weights(tmp_path / "runs" / "w0"), _weights(tmp_path / "runs" / "w2")
+    for k in a: assert torch.equal(a[k], b[k]), k
