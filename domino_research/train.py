@@ -510,8 +510,8 @@ class TrainDFlashRecipe:
         self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
-        self._check_has_anchors()                          # on the conversations; packing then checks its rows
-        if cfg.packing: self._pack_datasets()
+        if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
+        else: self._check_has_anchors()
         if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
