@@ -609,8 +609,8 @@ def _build_datasets(self: TrainDFlashRecipe):
     for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):
         source = getattr(cfg, key)
         if source is None: out.append(None); continue
-        check_data_thinking(key, resolve_data_path(source), cfg.enable_thinking)
         try:
+            check_data_thinking(key, resolve_data_path(source), cfg.enable_thinking)
             ds, _ = cached_chat_dataset(resolve_data_path(source), self.tokenizer, cfg.seq_length, cache, cfg.enable_thinking, cap,
                                         num_proc=cfg.data_num_proc or min(8, os.cpu_count() or 1),
                                         verbose=acc.is_main_process, build=acc.is_local_main_process)
