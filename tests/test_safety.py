@@ -81,7 +81,7 @@ def test_killed_overwrite_restores_old_run_on_next_start(trained, tmp_path):
     runs = trained["runs"]
     proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", trained["cfg"], "--run_name", "old",
                              "--overwrite", "true", "--save_every_steps", "1"],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for(lambda: (runs / "old" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
     proc.kill(); proc.wait()
     assert (runs / ".old.replaced").is_dir()                      # the old run is set aside, not gone
@@ -105,7 +105,7 @@ def test_second_training_on_same_run_refused(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 2,
                                              "save_every_steps": 1, "run_name": "busy"})
     proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: (tmp_path / "runs" / "busy" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
         for extra in ([], ["--resume", "latest"], ["--overwrite", "true"]):
