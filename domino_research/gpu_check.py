@@ -19,8 +19,9 @@ from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer
 from .target import capture_features, freeze, target_embed, target_lm_head
 from .data import toy_chat_tokenizer
-from .embedded import embedded_mask_token_id, load_embedded_target
+from .embedded import load_embedded_target
 from .evaluation import evaluate_draft
+from .train import load_train_config
 
 # %% auto #0
 __all__ = ['NO_GPU', 'QWEN3_8B_STEP', 'TINY_STEP', 'PARTS', 'run_part', 'report_line', 'gpu_notebooks', 'run_gpu_notebooks',
@@ -256,9 +257,10 @@ def decode_efficiency(device="cuda", n_prompts: int = 20, max_new_tokens: int = 
     model, tok = load_embedded_target()
     model = model.to(device)
     torch.manual_seed(seed)
-    dfl = DFlashConfig(mask_token_id=embedded_mask_token_id(), block_size=16, shift_label=True, projector_type="domino",
-                       emb_dim=64, gru_hidden_dim=256)                        # the embedded Domino recipe's head
-    draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, 2)).eval().to(device)
+    cfg = load_train_config("embedded_domino")                          # the embedded Domino recipe's sizes
+    dfl = DFlashConfig(mask_token_id=cfg.mask_token_id, block_size=cfg.block_size, shift_label=cfg.shift_label,
+                       projector_type="domino", emb_dim=cfg.emb_dim, gru_hidden_dim=cfg.gru_hidden_dim)
+    draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, cfg.draft_num_hidden_layers)).eval().to(device)
     r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens)
     return {"ok": bool(r["lossless"]), "efficiency": r["efficiency"], "tau": r["tau"], "speedup": r["speedup"],
             "profile": r["profile"], "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
