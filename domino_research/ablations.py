@@ -395,7 +395,8 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
-    kw = {"eval_every_steps": None, **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,
+    # one tokenised-data cache for the whole table, not one per variant (the cache key keeps different data apart)
+    kw = {"eval_every_steps": None, "data_cache_dir": str(Path(out_dir) / "runs" / ".data_cache"), **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,
           "save_every_steps": None, "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
