@@ -475,14 +475,15 @@ def line_loop(text: str, repeats: int = 3) -> bool:
         if run >= repeats: return True
     return False
 
-def token_cycle(ids, max_period: int = 8, repeats: int = 3) -> bool:
-    "A block of 1..`max_period` token ids repeated `repeats` times in a row: ids[j] == ids[j+p] for p·(repeats-1) j's in a row."
+def token_cycle(ids, max_period: int = 8, repeats: int = 3, min_tokens: int = 8) -> bool:
+    """A block of 1..`max_period` token ids repeated `repeats` times in a row over at least `min_tokens` tokens.
+    A stretch of L tokens with period p has ids[j] == ids[j+p] for L - p j's in a row."""
     ids = list(ids)
     for p in range(1, max_period + 1):
-        run = 0
+        need, run = max(p * repeats, min_tokens) - p, 0
         for j in range(len(ids) - p):
             run = run + 1 if ids[j] == ids[j + p] else 0
-            if run >= p * (repeats - 1): return True
+            if run >= need: return True
     return False
 
 def loops(text: str, ids) -> bool:

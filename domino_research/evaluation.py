@@ -19,7 +19,7 @@ from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generat
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
 from .export import find_draft_dir, load_draft
-from .stats import paired_bootstrap_ratio
+from .stats import pooled_tau_ratio
 from .target import load_target
 
 # %% auto #0
@@ -243,10 +243,10 @@ def _generator(seed: int, rec: dict) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + rec["index"])
 
 def _head_gain(rows: list[dict]) -> dict | None:
-    "τ with head / τ backbone only: ratio of per-prompt means with a paired bootstrap 95 % interval (None: no τ to compare)."
-    ok = [r for r in rows if np.isfinite(r["tau_spec"]) and np.isfinite(r["tau_base"])]
-    if not ok: return None
-    return paired_bootstrap_ratio([r["tau_spec"] for r in ok], [r["tau_base"] for r in ok], n_boot=10_000, seed=0)
+    "τ with head / τ backbone only, each pooled over prompts, with a paired bootstrap 95 % interval (None: no τ to compare)."
+    counts = [[r[k] for r in rows] for k in ("committed_spec", "verify_steps_spec", "committed_base", "verify_steps_base")]
+    if not sum(counts[1]) or not sum(counts[3]) or not sum(counts[2]): return None
+    return pooled_tau_ratio(*counts, n_boot=10_000, seed=0)
 
 def _tau_by_loops(rows: list[dict], variants) -> dict:
     "τ of each variant over the prompts whose target continuation loops, and over the others (None where there are none)."
