@@ -5,7 +5,8 @@
 # %% ../nbs/40_ablations.ipynb #ee523054
 from __future__ import annotations
 
-import dataclasses, hashlib, json, shutil, statistics, time
+import contextlib, dataclasses, hashlib, json, multiprocessing, shutil, statistics, time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,9 +20,10 @@ from .config import ConfigError, dumps_strict
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
-from .stats import pooled_tau_ratio
+from .stats import pooled_rate_difference, pooled_tau_ratio
 from .target import load_target
-from .train import RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path
+from .train import (RECIPES, DFlashTrainConfig, list_checkpoints, load_train_config, main, resolve_data_path,
+                                   resolve_target_path)
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE',
@@ -149,6 +151,18 @@ def _prompt_counts(seeds: dict, shared: list, which: str) -> tuple[np.ndarray, n
     return (np.array([[r[f"committed_{which}"] for r in rs] for rs in rows], dtype=float).T,
             np.array([[r[f"verify_steps_{which}"] for r in rs] for rs in rows], dtype=float).T)
 
+def _slot_counts(seeds: dict, shared: list, which: str) -> Optional[np.ndarray]:
+    "[n_prompts, n_seeds, block_size - 1]: verify steps that accepted proposal i + 1 (None: records without these counts)."
+    rows = [seeds[s]["per_prompt"] for s in shared]
+    if any(r.get(f"accepted_at_{which}") is None for rs in rows for r in rs): return None
+    return np.array([[r[f"accepted_at_{which}"] for r in rs] for rs in rows], dtype=float).transpose(1, 0, 2)
+
+def _slot_differences(num_hits, num_steps, den_hits, den_steps, n_boot: int) -> Optional[list[dict]]:
+    "Per slot, acceptance of the numerator minus the denominator's with its interval (None: no counts, or other block sizes)."
+    if num_hits is None or den_hits is None or num_hits.shape != den_hits.shape: return None
+    return [pooled_rate_difference(num_hits[..., i], num_steps, den_hits[..., i], den_steps, n_boot=n_boot)
+            for i in range(num_hits.shape[2])]
+
 def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
     loops, out = np.array([bool(r["loops"]) for r in rows]), {}
     for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
@@ -169,14 +183,17 @@ def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
     num, den = _prompt_counts(runs[a], shared, "spec"), _prompt_counts(runs[b], shared, "spec")
     per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
                 for k, s in enumerate(shared)}
-    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **_ratio_by_loops(num, den, rows, n_boot), "per_seed": per_seed}
+    per_slot = _slot_differences(_slot_counts(runs[a], shared, "spec"), num[1], _slot_counts(runs[b], shared, "spec"), den[1], n_boot)
+    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **_ratio_by_loops(num, den, rows, n_boot), "per_seed": per_seed,
+            "per_slot": per_slot}
 
 def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
     "τ with the head / τ of the same drafts without it (backbone only), pooled over seeds, with intervals."
     shared = sorted(seeds, key=_seed_key)
     if not shared or any("per_prompt" not in seeds[s] for s in shared): return None
-    return _ratio_by_loops(_prompt_counts(seeds, shared, "spec"), _prompt_counts(seeds, shared, "base"),
-                           seeds[shared[0]]["per_prompt"], n_boot)
+    num, den = _prompt_counts(seeds, shared, "spec"), _prompt_counts(seeds, shared, "base")
+    per_slot = _slot_differences(_slot_counts(seeds, shared, "spec"), num[1], _slot_counts(seeds, shared, "base"), den[1], n_boot)
+    return {**_ratio_by_loops(num, den, seeds[shared[0]]["per_prompt"], n_boot), "per_slot": per_slot}
 
 # %% ../nbs/40_ablations.ipynb #4786f8a1
 SEED_KEYS = ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len", "base_accept_len", "per_slot_acceptance",
@@ -321,8 +338,8 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     return paths
 
 # %% ../nbs/40_ablations.ipynb #0c0fa885
-_WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume",
-               "data_cache_dir", "data_num_proc", "dataloader_num_workers")   # where and how data is read, not what is trained
+_WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume", "save_every_steps", "keep_checkpoints",
+               "data_cache_dir", "data_num_proc", "dataloader_num_workers")   # where and how it is read and saved, not what is trained
 
 # Hashing every byte of a 16 GB checkpoint on each resume would take minutes: above FULL_HASH_BYTES a file is
 # identified by its size and its first and last SAMPLE_BYTES (tensor data, which any retraining changes).
@@ -381,13 +398,14 @@ class _Targets:
         return self.cache[path]
 
 PROMPT_SAMPLE = {"prompt_seed": 0, "stratify_by": "auto"}   # every run decodes the same seeded, stratified sample (notebook 32)
-PROMPT_KEYS = ("prompt_id", "group", "loops", "new_tokens", "committed_spec", "verify_steps_spec", "committed_base",
-               "verify_steps_base")
+PROMPT_KEYS = ("prompt_id", "group", "loops", "new_tokens", "committed_spec", "verify_steps_spec", "accepted_at_spec",
+               "committed_base", "verify_steps_base", "accepted_at_base")
 
 def _prompt_record(row: dict) -> dict:
     "What the comparisons need of one decoded prompt; a draft without a head is its own base."
     r = {k: row.get(k) for k in PROMPT_KEYS}
-    if r["committed_base"] is None: r["committed_base"], r["verify_steps_base"] = r["committed_spec"], r["verify_steps_spec"]
+    if r["committed_base"] is None:
+        r["committed_base"], r["verify_steps_base"], r["accepted_at_base"] = r["committed_spec"], r["verify_steps_spec"], r["accepted_at_spec"]
     return r
 
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
@@ -397,7 +415,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     # validation only at the end unless base_overrides asks for more; the rest is forced
     # one tokenised-data cache for the whole table, not one per variant (the cache key keeps different data apart)
     kw = {"eval_every_steps": None, "data_cache_dir": str(Path(out_dir) / "runs" / ".data_cache"), **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,
-          "save_every_steps": None, "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
+          "save_every_steps": max(1, steps // 8), "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
@@ -407,8 +425,12 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
-        t0 = time.perf_counter()
-        final = main(config, **kw)
+        t0, final = time.perf_counter(), None
+        if list_checkpoints(run_dir):                        # interrupted: continue it, unless its settings were others
+            try: final = main(config, **{**kw, "resume": "latest", "overwrite": False})
+            except ConfigError as e: log(f"[{name} seed {seed}] not resumed, trained again: {' '.join(str(e).split())[:300]}")
+            else: log(f"[{name} seed {seed}] resumed from its last checkpoint")
+        if final is None: final = main(config, **kw)
         trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": time.perf_counter() - t0}
         (run_dir / "trained.json").write_text(dumps_strict(trained, indent=2) + "\n")
     final = trained["final"]
@@ -449,11 +471,37 @@ def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Op
     if typos: raise ConfigError(f"base_overrides: {typos} are keys of none of the recipe configs of {variants}")
     return {n: resolve_variant(n, table[n], block_size, base_overrides, configs) for n in variants}
 
+def _run_one_in_worker(threads: int, **kw) -> dict:
+    "`run_one` in a worker process: `threads` torch threads, its output appended to runs/<variant>/seed<seed>.log."
+    torch.set_num_threads(threads)
+    log_file = Path(kw["out_dir"]) / "runs" / kw["name"] / f"seed{kw['seed']}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        return run_one(**kw, log=print)
+
+def _run_in_workers(tasks: dict, jobs: int, log) -> dict:
+    """{key: run_one(**kw)} for `tasks` = {key: kw}, `jobs` at a time in spawned processes; the first failure cancels
+    the runs not yet started (a finished run is kept: its result.json is on disk)."""
+    from domino_research.ablations import _run_one_in_worker as work     # the module's: a spawned process imports it by name
+    threads, out = max(1, torch.get_num_threads() // jobs), {}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(work, threads, **kw): k for k, kw in tasks.items()}
+        try:
+            for f in as_completed(futures):
+                r = out[futures[f]] = f.result()
+                log(f"[{r['variant']} seed {r['seed']}] τ {r['tau']:.3f} (base {r['tau_base']:.3f}), lossless {r['lossless']}, "
+                    f"trained in {r['train_seconds']:.0f}s, decoded in {r['eval_seconds']:.0f}s ({threads} thread(s) per run)")
+        except BaseException:
+            pool.shutdown(cancel_futures=True); raise
+    return out
+
 def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_new_tokens: int,
                  block_size: Optional[int] = None, base_overrides: Optional[dict] = None, prompts=None, configs: Optional[dict] = None,
-                 table: Optional[dict] = None, log=print) -> dict:
-    "Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir."
+                 table: Optional[dict] = None, jobs: int = 1, log=print) -> dict:
+    """Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir.
+    `jobs` > 1 runs that many (variant, seed) at a time in worker processes that share this process's torch threads."""
     table = VARIANTS if table is None else table
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise ConfigError(f"jobs: must be an integer >= 1 (got {jobs!r})")
     plan = plan_ablation(variants, block_size, base_overrides, configs, table)
     variants = list(plan)
     if steps < 1: raise ConfigError(f"steps: must be >= 1 (got {steps})")
@@ -462,18 +510,19 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     prompts = str(prompts) if prompts else "embedded:test"     # recorded as given: results.json holds no machine path
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     t0, targets = time.perf_counter(), _Targets()
-    runs, run_dirs = {n: {} for n in variants}, {n: {} for n in variants}
-    for n in variants:
-        config, ov, changes, _ = plan[n]
-        for s in seeds:
-            runs[n][s] = run_one(n, s, config, ov, changes, steps, out, prompts, n_eval_prompts, max_new_tokens, targets, log)
-            run_dirs[n][s] = out / "runs" / n / f"seed{s}"
+    tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
+                          prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens)
+             for n in variants for s in seeds}
+    done = ({k: run_one(**kw, targets=targets, log=log) for k, kw in tasks.items()} if jobs == 1 else
+            _run_in_workers(tasks, jobs, log))
+    runs = {n: {s: done[n, s] for s in seeds} for n in variants}
+    run_dirs = {n: {s: out / "runs" / n / f"seed{s}" for s in seeds} for n in variants}
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
             "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides or {},
             "prompts": prompts, **PROMPT_SAMPLE, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "jobs": jobs}
     res = summarize(runs, table, meta)
     (out / "results.json").write_text(json.dumps(res, indent=2, allow_nan=False) + "\n")
     (out / "results.md").write_text(results_markdown(res))

@@ -207,6 +207,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
             stats[name].append(st)
             row[f"tau_{name}"], row[f"lossless_{name}"] = st["tau"], None if sampled else toks == ref
             row[f"committed_{name}"], row[f"verify_steps_{name}"] = st["committed"], st["verify_steps"]
+            row[f"accepted_at_{name}"] = st["accepted_at"]            # per slot: verify steps that accepted proposal i + 1
             lossless &= toks == ref
         per_prompt.append(row)
         if verbose: print(f"prompt {i} ({rec['id']}): {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")

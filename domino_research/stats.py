@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 # %% auto #0
-__all__ = ['bootstrap_indices', 'paired_bootstrap_ratio', 'pooled_tau_ratio']
+__all__ = ['bootstrap_indices', 'paired_bootstrap_ratio', 'pooled_tau_ratio', 'pooled_rate_difference']
 
 # %% ../nbs/07_stats.ipynb #17ef9b30
 def bootstrap_indices(n: int, n_boot: int, seed: int = 0, groups=None) -> np.ndarray:
@@ -47,14 +47,18 @@ def paired_bootstrap_ratio(num, den, groups=None, n_boot: int = 10000, seed: int
     return dict(ratio=float(num.mean() / den.mean()), lo=float(lo), hi=float(hi), level=level, n=len(num), n_boot=n_boot)
 
 # %% ../nbs/07_stats.ipynb #13948e31
-def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
-                     level: float = 0.95) -> dict:
-    "τ_a / τ_b, each τ = Σ committed / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
-    arrs = [np.asarray(x, dtype=float) for x in (committed_a, steps_a, committed_b, steps_b)]
+def _prompt_sums(counts, n_boot: int, level: float) -> list[np.ndarray]:
+    "Four count arrays, [n_prompts] or [n_prompts, n_seeds] alike, checked and summed over seeds per prompt."
+    arrs = [np.asarray(x, dtype=float) for x in counts]
     if len({a.shape for a in arrs}) != 1 or arrs[0].ndim not in (1, 2) or arrs[0].shape[0] == 0:
         raise ValueError(f"bootstrap: the four count arrays must be [n_prompts] or [n_prompts, n_seeds] alike, got {[a.shape for a in arrs]}")
     if not 0 < level < 1 or n_boot < 1: raise ValueError(f"bootstrap: level must be in (0, 1) and n_boot >= 1, got {level}, {n_boot}")
-    ca, va, cb, vb = (a.sum(1) if a.ndim == 2 else a for a in arrs)           # seeds pooled per prompt
+    return [a.sum(1) if a.ndim == 2 else a for a in arrs]                   # seeds pooled per prompt
+
+def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
+                     level: float = 0.95) -> dict:
+    "τ_a / τ_b, each τ = Σ committed / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
+    ca, va, cb, vb = _prompt_sums((committed_a, steps_a, committed_b, steps_b), n_boot, level)
     if va.sum() == 0 or vb.sum() == 0 or cb.sum() == 0: raise ValueError("bootstrap: no verify step (or nothing committed): τ is undefined")
     idx = bootstrap_indices(len(ca), n_boot, seed, groups)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -62,3 +66,16 @@ def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_
     lo, hi = np.nanquantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return dict(ratio=float((ca.sum() / va.sum()) / (cb.sum() / vb.sum())), lo=float(lo), hi=float(hi), level=level,
                 n=len(ca), n_boot=n_boot)
+
+# %% ../nbs/07_stats.ipynb #e604ade9
+def pooled_rate_difference(hits_a, steps_a, hits_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
+                           level: float = 0.95) -> dict:
+    "rate_a − rate_b, each rate = Σ hits / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
+    ha, va, hb, vb = _prompt_sums((hits_a, steps_a, hits_b, steps_b), n_boot, level)
+    if va.sum() == 0 or vb.sum() == 0: raise ValueError("bootstrap: no verify step: the rates are undefined")
+    idx = bootstrap_indices(len(ha), n_boot, seed, groups)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diffs = ha[idx].sum(1) / va[idx].sum(1) - hb[idx].sum(1) / vb[idx].sum(1)
+    lo, hi = np.nanquantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return dict(diff=float(ha.sum() / va.sum() - hb.sum() / vb.sum()), lo=float(lo), hi=float(hi), level=level,
+                n=len(ha), n_boot=n_boot)
