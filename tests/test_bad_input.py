@@ -109,6 +109,7 @@ def papermill(nb, tmp_path, *params):
     ("evaluate.ipynb", ("candidate_ks", "16,x"), "parameter 'candidate_ks' must be a comma list of integers"),
     ("ablations.ipynb", ("steps", "two"), "parameter 'steps' expects int, got 'two'"),
     ("ablations.ipynb", ("base_overrides", "[1, 2]"), "parameter 'base_overrides' must be a YAML mapping"),
+    ("ablations.ipynb", ("jobs", "0"), "parameter 'jobs' must be >= 1, got 0"),
     ("evaluate.ipynb", ("candidate_ks", "0,-4"), "parameter 'candidate_ks' must list integers >= 1"),
     ("evaluate.ipynb", ("draft_dir", "/nonexistent/draft"), "parameter 'draft_dir': /nonexistent/draft does not exist"),
     ("evaluate.ipynb", ("temperature", "-0.5"), "parameter 'temperature' must be a finite number >= 0"),
