@@ -485,7 +485,7 @@ STAGES = ("corpus", "tokenizer", "target", "regenerate", "quality", "manifest")
 def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdlib: Path | None = None,
                    modules: list[str] | None = None, n_test: int = 330, n_validation: int = 330,
                    vocab_size: int = 384, model_kwargs: dict | None = None, seq_length: int = 768,
-                   steps: int = 1400, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
+                   steps: int = 4000, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
                    max_train_seconds: float | None = None, seed: int = 0,
                    stages=STAGES, log=print) -> dict:
@@ -522,7 +522,7 @@ def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
     d = signature_defaults(build_embedded)                                # the defaults are the function's
     b = argparse.ArgumentParser(prog="python -m domino_research.embedded_build", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                description="Build the embedded default into --out (about 30 min on 2 CPU cores).")
+                                description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
     b.add_argument("--steps", type=int, default=d["steps"])

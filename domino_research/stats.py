@@ -67,7 +67,7 @@ def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_
     return dict(ratio=float((ca.sum() / va.sum()) / (cb.sum() / vb.sum())), lo=float(lo), hi=float(hi), level=level,
                 n=len(ca), n_boot=n_boot)
 
-# %% ../nbs/07_stats.ipynb #e604ade9
+# %% ../nbs/07_stats.ipynb #8a9de4e3
 def pooled_rate_difference(hits_a, steps_a, hits_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
                            level: float = 0.95) -> dict:
     "rate_a − rate_b, each rate = Σ hits / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
