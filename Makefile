@@ -33,14 +33,14 @@ gpu-check: $(BIN)/.installed
 	$(BIN)/python -m domino_research.gpu_check
 
 # The ablation table: 5 variants x 3 seeds at budgets of 360, 1080 and 2880 steps on the embedded default, decoded on
-# 64 stratified test prompts x 128 tokens -> runs/ablations/main/ (resumes if interrupted: rerun the same command).
+# 64 stratified test prompts x 128 tokens, two runs at a time -> runs/ablations/main/ (resumes if interrupted: rerun the same command).
 # TQDM_DISABLE: every progress-bar refresh would be stored as its own output of the executed notebook.
 ablations: $(BIN)/.installed
 	mkdir -p runs/ablations/main
 	TQDM_DISABLE=1 $(BIN)/papermill nbs/ablations.ipynb runs/ablations/main/ablations.ipynb --cwd nbs -p name main \
 	  -y "variants: [dflash, dflash_shift, dflash_shift_matched, domino, domino_small_head]" \
 	  -y "seeds: [0, 1, 2]" -y "budgets: [360, 1080, 2880]" -p n_eval_prompts 64 -p max_new_tokens 128 \
-	  -p max_train_samples 0 -p max_eval_samples 64
+	  -p max_train_samples 0 -p max_eval_samples 64 -p jobs 2
 
 lock: $(BIN)/.installed
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
