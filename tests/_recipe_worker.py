@@ -15,4 +15,5 @@ elif mode == "train":
 else:
     raise SystemExit(f"unknown mode {mode}")
 (out_dir / f"rank{rank}.json").write_text(json.dumps({"world": recipe.accelerator.num_processes, **result}))
+recipe.accelerator.wait_for_everyone()   # ranks meet before the group goes: a gloo peer gone first can abort the other
 recipe.close()
