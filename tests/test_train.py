@@ -18,6 +18,16 @@ def free_port():
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+def finished(p, out_dir, nproc: int) -> bool:
+    """Whether a launch did its work: exit 0, or gloo's abort at teardown after every rank wrote its result file (the
+    workers write it just before closing). That abort (a C++ thread still joinable when the process exits) hits a rank
+    now and then on a loaded 2-core machine, after the work is done; it is tolerated here and nowhere else."""
+    if p.returncode == 0: return True
+    return nproc > 1 and GLOO_EXIT_ABORT in p.stderr and all((Path(out_dir) / f"rank{r}.json").is_file() for r in range(nproc))
+
+
 def run_worker(mode, cfg_path, out_dir, nproc=1, timeout=300):
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     worker = str(REPO / "tests" / "_recipe_worker.py")
@@ -25,7 +35,7 @@ def run_worker(mode, cfg_path, out_dir, nproc=1, timeout=300):
     else: cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
                  f"--master_port={free_port()}", worker]
     p = subprocess.run(cmd + [mode, cfg_path, str(out_dir)], env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    assert finished(p, out_dir, nproc), p.stdout[-3000:] + p.stderr[-5000:]
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -303,7 +313,7 @@ def _sample_run(cfg_path, out_dir, nproc, stop_after=None, timeout=240):
                                                         "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker]
     env = {**ENV, **({"STOP_AFTER": str(stop_after)} if stop_after else {})}
     p = subprocess.run(cmd + [cfg_path, str(out_dir)], env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    assert finished(p, out_dir, nproc), p.stdout[-3000:] + p.stderr[-5000:]
     return p
 
 
