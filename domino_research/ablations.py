@@ -27,9 +27,9 @@ from .train import (
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE',
-           'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'spread', 'tau_ratio', 'compare',
-           'head_gain', 'summarize', 'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest',
-           'source_digest', 'delete_weights', 'run_one', 'plan_ablation', 'run_ablation', 'budget_summary',
+           'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'spread', 'compare', 'head_gain',
+           'summarize', 'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest',
+           'delete_weights', 'finished_record', 'run_one', 'plan_ablation', 'run_ablation', 'budget_summary',
            'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
@@ -39,7 +39,6 @@ PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: 
 class Variant:
     config: str                                  # recipe config: shipped name (domino_research/configs/) or YAML path
     overrides: Union[dict, Callable] = field(default_factory=dict)  # keys it changes; or a callable (resolved config, load) -> keys
-    baseline: Optional[str] = None               # the head-less variant at the same block size (τ ratio denominator)
     note: str = ""
 
 def _small_head(cfg, load) -> dict:
@@ -75,20 +74,19 @@ def _head_share(cfg, load, share: float = 0.05) -> dict:
     return {"emb_dim": 1, "gru_hidden_dim": 1}
 
 VARIANTS = {
-    "dflash":        Variant("embedded_dflash", {}, None, "DFlash backbone, no head"),
-    "domino":        Variant("embedded_domino", {}, "dflash", "Domino recipe defaults"),
-    "lambda_r1.0":   Variant("embedded_domino", {"lambda_base_decay_ratio": 1.0}, "dflash", "λ decays over the whole run"),
-    "no_curriculum": Variant("embedded_domino", {"lambda_base_start": 0.0}, "dflash", "λ = 0 from the start"),
-    "shift_false":   Variant("embedded_domino", {"shift_label": False}, "dflash", "DFlash label convention"),
-    "head_small":    Variant("embedded_domino", _small_head, "dflash", "G and E a quarter of the recipe's"),
-    "block8":        Variant("embedded_domino", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]}, "dflash_block8",
-                             "block size 8"),
-    "dflash_block8": Variant("embedded_dflash", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]}, None,
+    "dflash":        Variant("embedded_dflash", {}, "DFlash backbone, no head"),
+    "domino":        Variant("embedded_domino", {}, "Domino recipe defaults"),
+    "lambda_r1.0":   Variant("embedded_domino", {"lambda_base_decay_ratio": 1.0}, "λ decays over the whole run"),
+    "no_curriculum": Variant("embedded_domino", {"lambda_base_start": 0.0}, "λ = 0 from the start"),
+    "shift_false":   Variant("embedded_domino", {"shift_label": False}, "DFlash label convention"),
+    "head_small":    Variant("embedded_domino", _small_head, "G and E a quarter of the recipe's"),
+    "block8":        Variant("embedded_domino", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]}, "block size 8"),
+    "dflash_block8": Variant("embedded_dflash", {"block_size": 8, "loss_decay_gamma": PAPER_GAMMA[8]},
                              "DFlash, block size 8"),
-    "dflash_shift":  Variant("embedded_dflash", {"shift_label": True}, None, "DFlash backbone, Domino's label convention"),
-    "dflash_shift_matched": Variant("embedded_dflash", _matched_to_domino, None,
+    "dflash_shift":  Variant("embedded_dflash", {"shift_label": True}, "DFlash backbone, Domino's label convention"),
+    "dflash_shift_matched": Variant("embedded_dflash", _matched_to_domino,
                                     "DFlash, Domino's convention, MLP widened to Domino's parameter count"),
-    "domino_small_head": Variant("embedded_domino", _head_share, "dflash_shift_matched", "head about 5 % of the backbone"),
+    "domino_small_head": Variant("embedded_domino", _head_share, "head about 5 % of the backbone"),
 }
 
 # %% ../nbs/40_ablations.ipynb #21379416
@@ -126,15 +124,6 @@ def spread(values: list[Optional[float]]) -> dict:
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
             "min": min(vals), "max": max(vals), "n": len(vals)}
 
-def tau_ratio(num: dict, den: dict) -> Optional[dict]:
-    "mean(num τ) / mean(den τ), with the spread of the per-seed paired ratios and the all-pairs range; dicts seed → τ."
-    if not num or not den: return None
-    paired = {s: num[s] / den[s] for s in sorted(set(num) & set(den), key=_seed_key)}
-    p = spread(list(paired.values()))
-    return {"value": statistics.fmean(num.values()) / statistics.fmean(den.values()),
-            "paired_std": p["std"], "paired_min": p["min"], "paired_max": p["max"], "paired": paired,
-            "all_pairs_range": [min(num.values()) / max(den.values()), max(num.values()) / min(den.values())]}
-
 # %% ../nbs/40_ablations.ipynb #1b124a45
 COMPARISONS = (   # (numerator, denominator, question)
     ("domino", "dflash_shift_matched", "the head, at equal parameter count"),
@@ -143,6 +132,11 @@ COMPARISONS = (   # (numerator, denominator, question)
     ("dflash_shift_matched", "dflash_shift", "parameters alone (a wider backbone)"),
     ("dflash_shift", "dflash", "the label convention alone"),
     ("domino", "dflash", "the Domino recipe over the DFlash recipe"),
+    ("block8", "dflash_block8", "the head, at block size 8"),
+    ("head_small", "domino", "a quarter of the head's width and rank"),
+    ("lambda_r1.0", "domino", "λ decaying over the whole run, not half"),
+    ("no_curriculum", "domino", "no curriculum (λ = 0 from the start)"),
+    ("shift_false", "domino", "DFlash's label convention inside Domino"),
 )
 
 def _prompt_counts(seeds: dict, shared: list, which: str) -> tuple[np.ndarray, np.ndarray]:
@@ -213,17 +207,13 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
         first = recs[0]
         out["variants"][name] = {
             "config": v.config, "recipe": first["recipe"], "changes": first["changes"], "note": v.note,
-            "baseline": v.baseline, "block_size": first["block_size"], "seeds": [str(s) for s in order],
+            "block_size": first["block_size"], "seeds": [str(s) for s in order],
             **{k: spread([r[k] for r in recs]) for k in ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len",
                                                           "base_accept_len")},
             "per_slot_acceptance": _mean_lists([r["per_slot_acceptance"] for r in recs]),
             "per_slot_acceptance_base": _mean_lists([r["per_slot_acceptance_base"] for r in recs]),
             "lossless": all(r["lossless"] for r in recs),
             "per_seed": {str(s): {k: seeds[s][k] for k in SEED_KEYS} for s in order}}
-    taus = {n: {s: r["tau"] for s, r in d["per_seed"].items()} for n, d in out["variants"].items()}
-    for name, d in out["variants"].items():
-        d["tau_over_baseline"] = tau_ratio(taus[name], taus.get(d["baseline"], {})) if d["baseline"] else None
-    out["domino_over_dflash_tau"] = tau_ratio(taus.get("domino", {}), taus.get("dflash", {}))
     for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
     out["comparisons"] = [{**c, "question": q} for a, b, q in COMPARISONS if (c := compare(runs, a, b, n_boot)) is not None]
     return out
@@ -264,19 +254,12 @@ def results_markdown(res: dict) -> str:
     lines = [f"Ablations: {m.get('steps')} optimiser steps per run, seeds {m.get('seeds')}, τ from greedy speculative "
              f"decoding of {m.get('n_eval_prompts')} test prompts × ≤ {m.get('max_new_tokens')} new tokens "
              f"({m.get('date', '')}; {m.get('run_seconds', 0) / 60:.1f} min of training + decoding).", "",
-             "| variant | recipe | changes | bs | τ (mean ± std) | τ min–max | base τ | τ / baseline | accuracy | lossless | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | recipe | changes | bs | τ (mean ± std) | τ min–max | base τ | accuracy | lossless | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in res["variants"].items():
-        r = d["tau_over_baseline"]
-        ratio = f"{r['value']:.3f} (vs {d['baseline']})" if r else "–"
         lines.append(f"| `{name}` | {d['recipe']} | {_fmt_changes(d['changes'])} | {d['block_size']} | {_fmt(d['tau'])} | "
-                     f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {ratio} | {_fmt(d['accuracy'], 3)} | "
+                     f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {_fmt(d['accuracy'], 3)} | "
                      f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} |")
-    r = res.get("domino_over_dflash_tau")
-    if r:
-        sd = f", paired std {r['paired_std']:.3f}" if r["paired_std"] is not None else ""
-        lines += ["", f"**Domino τ / DFlash τ = {r['value']:.3f}** (per-seed paired ratios {r['paired_min']:.3f}–"
-                      f"{r['paired_max']:.3f}{sd}; all pairs {r['all_pairs_range'][0]:.3f}–{r['all_pairs_range'][1]:.3f})."]
     lines += comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
@@ -408,9 +391,9 @@ def _prompt_record(row: dict) -> dict:
         r["committed_base"], r["verify_steps_base"], r["accepted_at_base"] = r["committed_spec"], r["verify_steps_spec"], r["accepted_at_spec"]
     return r
 
-def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
-            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print) -> dict:
-    "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
+def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int, out_dir, prompts, n_eval_prompts: int,
+                  max_new_tokens: int, **_) -> tuple:
+    "(run_dir, training keys, config, fingerprint) of one (variant, seed)."
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
     # one tokenised-data cache for the whole table, not one per variant (the cache key keeps different data apart)
@@ -419,7 +402,18 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
-    fp = _fingerprint(cfg, evaluation)
+    return run_dir, kw, cfg, _fingerprint(cfg, evaluation)
+
+def finished_record(**task) -> Optional[dict]:
+    "The record of a (variant, seed) already trained and decoded with these settings, or None."
+    run_dir, _, _, fp = _run_settings(**task)
+    done = _read_json(run_dir / "result.json")
+    return done if done is not None and done.get("fingerprint") == fp else None
+
+def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
+            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print) -> dict:
+    "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
+    run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens)
     done = _read_json(run_dir / "result.json")
     if done is not None and done.get("fingerprint") == fp:
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
@@ -513,8 +507,11 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
                           prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens)
              for n in variants for s in seeds}
-    done = ({k: run_one(**kw, targets=targets, log=log) for k, kw in tasks.items()} if jobs == 1 else
-            _run_in_workers(tasks, jobs, log))
+    done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
+    for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")
+    todo = {k: kw for k, kw in tasks.items() if k not in done}
+    done |= ({k: run_one(**kw, targets=targets, log=log) for k, kw in todo.items()} if jobs == 1 else
+             _run_in_workers(todo, jobs, log) if todo else {})
     runs = {n: {s: done[n, s] for s in seeds} for n in variants}
     run_dirs = {n: {s: out / "runs" / n / f"seed{s}" for s in seeds} for n in variants}
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
@@ -523,6 +520,9 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
             "torch_threads": torch.get_num_threads(), "jobs": jobs}
+    old = _read_json(out / "results.json")
+    if not todo and old is not None and "date" in old.get("meta", {}):   # the same runs: when and how long the table took stays
+        meta.update({k: old["meta"][k] for k in ("date", "wall_seconds", "torch_threads", "jobs") if k in old["meta"]})
     res = summarize(runs, table, meta)
     (out / "results.json").write_text(json.dumps(res, indent=2, allow_nan=False) + "\n")
     (out / "results.md").write_text(results_markdown(res))
