@@ -5,7 +5,7 @@
 # %% ../nbs/40_ablations.ipynb #ee523054
 from __future__ import annotations
 
-import contextlib, dataclasses, hashlib, json, multiprocessing, shutil, statistics, time
+import contextlib, dataclasses, hashlib, json, multiprocessing, shutil, statistics, threading, time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from .config import ConfigError, dumps_strict
+from .config import ConfigError, dumps_strict, write_atomic
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
@@ -29,8 +29,8 @@ from .train import (
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE',
            'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'spread', 'compare', 'head_gain',
            'summarize', 'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest',
-           'delete_weights', 'finished_record', 'run_one', 'plan_ablation', 'run_ablation', 'budget_summary',
-           'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'delete_weights', 'stopwatch', 'finished_record', 'run_one', 'plan_ablation', 'run_ablation',
+           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -391,6 +391,21 @@ def _prompt_record(row: dict) -> dict:
         r["committed_base"], r["verify_steps_base"], r["accepted_at_base"] = r["committed_spec"], r["verify_steps_spec"], r["accepted_at_spec"]
     return r
 
+@contextlib.contextmanager
+def stopwatch(path: Path, resume: bool, every: float = 30.0):
+    """Yields a function giving the seconds spent so far, over every attempt when `resume`: the running total is saved to
+    `path` every `every` seconds, so an attempt that is killed still counts (to within `every` seconds)."""
+    before = (_read_json(path) or {}).get("seconds", 0.0) if resume else 0.0
+    t0, stop, end = time.perf_counter(), threading.Event(), []
+    spent = lambda: before + (end[0] if end else time.perf_counter()) - t0       # stops counting when the block ends
+    def save(): write_atomic(path, json.dumps({"seconds": spent()}) + "\n")
+    def beat():
+        while not stop.wait(every): save()
+    Path(path).parent.mkdir(parents=True, exist_ok=True); save()
+    thread = threading.Thread(target=beat, daemon=True); thread.start()
+    try: yield spent
+    finally: stop.set(); thread.join(); end.append(time.perf_counter()); save()
+
 def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int, out_dir, prompts, n_eval_prompts: int,
                   max_new_tokens: int, **_) -> tuple:
     "(run_dir, training keys, config, fingerprint) of one (variant, seed)."
@@ -419,14 +434,17 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
-        t0, final = time.perf_counter(), None
-        if list_checkpoints(run_dir):                        # interrupted: continue it, unless its settings were others
-            try: final = main(config, **{**kw, "resume": "latest", "overwrite": False})
-            except ConfigError as e: log(f"[{name} seed {seed}] not resumed, trained again: {' '.join(str(e).split())[:300]}")
-            else: log(f"[{name} seed {seed}] resumed from its last checkpoint")
-        if final is None: final = main(config, **kw)
-        trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": time.perf_counter() - t0}
+        # beside the run directory, which a fresh attempt sets aside: the time of every attempt of this run
+        clock, final = run_dir.parent / f"{run_dir.name}.seconds.json", None
+        with stopwatch(clock, resume=bool(list_checkpoints(run_dir))) as spent:
+            if list_checkpoints(run_dir):                    # interrupted: continue it, unless its settings were others
+                try: final = main(config, **{**kw, "resume": "latest", "overwrite": False})
+                except ConfigError as e: log(f"[{name} seed {seed}] not resumed, trained again: {' '.join(str(e).split())[:300]}")
+                else: log(f"[{name} seed {seed}] resumed from its last checkpoint")
+            if final is None: final = main(config, **kw)
+        trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": spent()}
         (run_dir / "trained.json").write_text(dumps_strict(trained, indent=2) + "\n")
+        clock.unlink()
     final = trained["final"]
     if final.get("step") != steps:
         raise RuntimeError(f"[{name} seed {seed}] trained {final.get('step')} optimiser steps instead of the budget {steps} "
