@@ -127,7 +127,7 @@ def spread(values: list[Optional[float]]) -> dict:
 # %% ../nbs/40_ablations.ipynb #1b124a45
 COMPARISONS = (   # (numerator, denominator, question)
     ("domino", "dflash_shift_matched", "the head, at equal parameter count"),
-    ("domino_small_head", "dflash_shift", "a head of the papers' proportions (+4.6 % parameters here)"),
+    ("domino_small_head", "dflash_shift", "a head of the Domino paper's proportions"),
     ("domino", "dflash_shift", "the head, its parameters added"),
     ("dflash_shift_matched", "dflash_shift", "parameters alone (a wider backbone)"),
     ("dflash_shift", "dflash", "the label convention alone"),
@@ -162,7 +162,7 @@ def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> di
     for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
         if not sel.any(): out[label] = None; continue
         out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
-    out["n_looping"], out["n_prompts"] = int(loops.sum()), len(rows)
+    out["n_looping"], out["n_prompts"], out["n_seeds"] = int(loops.sum()), len(rows), num[0].shape[1]
     return out
 
 def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
@@ -244,7 +244,7 @@ def comparisons_markdown(res: dict) -> list[str]:
         seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
         out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} |")
     n = rows[0][2]
-    out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts, seeds pooled per prompt; "
+    out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled; "
                 f"{n['n_looping']} of the prompts have a target continuation that loops."]
     return out
 

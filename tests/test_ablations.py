@@ -56,8 +56,8 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
     assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`", "`domino` / `dflash`", "`domino` with / without head"]
     assert all(len(l.split("|")) == 12 for l in rows[:2])           # the variant table: 10 columns
     assert f"| `domino` / `dflash` | the Domino recipe over the DFlash recipe | {c['all']['ratio']:.3f} [" in md
-    (cmp,) = res["comparisons"]                                     # with an interval over the 2 prompts, both seeds pooled
-    assert (cmp["num"], cmp["den"], cmp["seeds"], cmp["n_prompts"]) == ("domino", "dflash", ["0", "1"], 2)
+    (cmp,) = res["comparisons"]                                     # with an interval over the 2 prompts and both seeds
+    assert (cmp["num"], cmp["den"], cmp["seeds"], cmp["n_prompts"], cmp["n_seeds"]) == ("domino", "dflash", ["0", "1"], 2, 2)
     assert cmp["all"]["lo"] <= cmp["all"]["ratio"] <= cmp["all"]["hi"] and set(cmp["per_seed"]) == {"0", "1"}
     assert res["variants"]["domino"]["head_gain"]["all"]["n"] == 2 and res["variants"]["dflash"]["head_gain"] is None
 
