@@ -37,6 +37,16 @@ def _resampled_sums(a: np.ndarray, prompts: np.ndarray, seeds: np.ndarray) -> np
     "`[n_boot]`: the sum of `a` [n_prompts, n_seeds] over the cells of each resample (prompt indices × seed counts)."
     return (a[prompts] * seeds[:, None, :]).sum(2).sum(1)
 
+def _resample_counts(counts, groups, n_boot: int, seed: int, level: float) -> tuple[list[np.ndarray], list[float]]:
+    "Paired arrays, [n_prompts] or [n_prompts, n_seeds] alike: their sums over each resample's cells, and over all cells."
+    arrs = [np.asarray(x, dtype=float) for x in counts]
+    if len({a.shape for a in arrs}) != 1 or arrs[0].ndim not in (1, 2) or arrs[0].shape[0] == 0:
+        raise ValueError(f"bootstrap: the count arrays must be [n_prompts] or [n_prompts, n_seeds] alike, got {[a.shape for a in arrs]}")
+    if not 0 < level < 1 or n_boot < 1: raise ValueError(f"bootstrap: level must be in (0, 1) and n_boot >= 1, got {level}, {n_boot}")
+    arrs = [a.reshape(len(a), -1) for a in arrs]                             # [n_prompts, n_seeds]
+    prompts, seeds = bootstrap_indices(len(arrs[0]), n_boot, seed, groups), seed_draw_counts(arrs[0].shape[1], n_boot, seed)
+    return [_resampled_sums(a, prompts, seeds) for a in arrs], [a.sum(1).sum() for a in arrs]
+
 def paired_bootstrap_ratio(num, den, groups=None, n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
     """`mean(num) / mean(den)` over paired per-prompt values, `[n_prompts]` or `[n_prompts, n_seeds]`, and its percentile
     bootstrap interval: prompts resampled in pairs (within `groups` if given), and seeds too."""
@@ -46,27 +56,15 @@ def paired_bootstrap_ratio(num, den, groups=None, n_boot: int = 10000, seed: int
                          f"got shapes {num.shape} and {den.shape}")
     if not (np.isfinite(num).all() and np.isfinite(den).all()):
         raise ValueError("bootstrap: num and den must be finite (drop prompts with no verify step, whose τ is undefined)")
-    if not 0 < level < 1 or n_boot < 1: raise ValueError(f"bootstrap: level must be in (0, 1) and n_boot >= 1, got {level}, {n_boot}")
     if den.mean() == 0: raise ValueError("bootstrap: mean(den) is 0: the ratio is undefined")
-    num, den = num.reshape(len(num), -1), den.reshape(len(den), -1)    # [n_prompts, n_seeds]
-    prompts, seeds = bootstrap_indices(len(num), n_boot, seed, groups), seed_draw_counts(num.shape[1], n_boot, seed)
+    (sum_num, sum_den), _ = _resample_counts((num, den), groups, n_boot, seed, level)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = _resampled_sums(num, prompts, seeds) / _resampled_sums(den, prompts, seeds)   # equal cell counts: means
+        ratios = sum_num / sum_den                                     # equal cell counts: a ratio of means
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return dict(ratio=float(num.mean() / den.mean()), lo=float(lo), hi=float(hi), level=level, n=len(num),
-                n_seeds=num.shape[1], n_boot=n_boot)
+                n_seeds=num.reshape(len(num), -1).shape[1], n_boot=n_boot)
 
 # %% ../nbs/07_stats.ipynb #13948e31
-def _resample_counts(counts, groups, n_boot: int, seed: int, level: float) -> tuple[list[np.ndarray], list[float]]:
-    "Count arrays, [n_prompts] or [n_prompts, n_seeds] alike: their sums over each resample's cells, and over all cells."
-    arrs = [np.asarray(x, dtype=float) for x in counts]
-    if len({a.shape for a in arrs}) != 1 or arrs[0].ndim not in (1, 2) or arrs[0].shape[0] == 0:
-        raise ValueError(f"bootstrap: the four count arrays must be [n_prompts] or [n_prompts, n_seeds] alike, got {[a.shape for a in arrs]}")
-    if not 0 < level < 1 or n_boot < 1: raise ValueError(f"bootstrap: level must be in (0, 1) and n_boot >= 1, got {level}, {n_boot}")
-    arrs = [a.reshape(len(a), -1) for a in arrs]                             # [n_prompts, n_seeds]
-    prompts, seeds = bootstrap_indices(len(arrs[0]), n_boot, seed, groups), seed_draw_counts(arrs[0].shape[1], n_boot, seed)
-    return [_resampled_sums(a, prompts, seeds) for a in arrs], [a.sum(1).sum() for a in arrs]
-
 def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,
                      level: float = 0.95) -> dict:
     "τ_a / τ_b, each τ = Σ committed / Σ verify steps over prompts (and seeds), with its paired percentile bootstrap interval."
