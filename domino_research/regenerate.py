@@ -6,16 +6,19 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import http.client
 import re
 import hashlib
 import json
 import os
+import queue
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -28,7 +31,8 @@ from .target import check_device, check_target_path, load_target
 
 # %% auto #0
 __all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
-           'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars', 'length_batches', 'regenerate', 'main']
+           'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars', 'length_batches', 'Interrupted',
+           'regenerate', 'main', 'cli']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -72,50 +76,109 @@ def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens
 # %% ../nbs/12_regenerate.ipynb #04353474
 class ServerError(OSError): pass
 
+class _Transient(Exception):
+    "A fault another try may cure (the connection failed, the server failed with a 5xx or cut its reply short): (what, advice)."
+
 def request_seed(seed: int, row: int, turn: int) -> int:
     "A 31-bit seed per (seed, row, turn): a sampled answer does not depend on its batch."
     return int.from_bytes(hashlib.sha256(f"{seed}/{row}/{turn}".encode()).digest()[:4], "little") >> 1
 
+def _shorten(text, n: int = 200) -> str: return " ".join(str(text).split())[:n]
+
+def _parse_reply(r, where: str) -> tuple[str, int | None, bool]:
+    "A chat completion → (text, completion tokens or None when the server did not count them, finished)."
+    try: choice = r["choices"][0]; msg = choice["message"]; text, thought = msg.get("content") or "", msg.get("reasoning_content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise ServerError(f"{where}: the reply has no choices[0].message (got {_shorten(json.dumps(r))}); "
+                          "is this an OpenAI-compatible chat completions server?") from None
+    for name, value in (("content", text), ("reasoning_content", thought or "")):
+        if not isinstance(value, str):
+            raise ServerError(f"{where}: choices[0].message.{name} is a {type(value).__name__} ({_shorten(json.dumps(value), 60)}), not text")
+    if thought: text = f"<think>\n{thought}\n</think>\n\n{text}"        # split off by a reasoning parser
+    n = (r.get("usage") or {}).get("completion_tokens") if isinstance(r.get("usage") or {}, dict) else None
+    return text, n if isinstance(n, int) and not isinstance(n, bool) else None, choice.get("finish_reason") == "stop"
+
 class OpenAIServer:
     "A running OpenAI-compatible server that serves the target (vLLM, SGLang, ...)."
+    backoff = 1.0   # seconds before the first retry of a transient fault, doubled for each next one
+
     def __init__(self, url: str, model: str | None = None, concurrency: int = 64, timeout: float = 600.0, retries: int = 3):
         if not re.match(r"https?://", str(url)): raise ValueError(f"--server {url!r}: expected an http(s) URL such as http://localhost:8000/v1")
         if concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+        if not timeout > 0: raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+        if retries < 0: raise ValueError(f"--retries must be >= 0, got {retries}")
         self.url, self.concurrency, self.timeout, self.retries = url.rstrip("/"), concurrency, timeout, retries
-        self.model = model or self._request("/models")["data"][0]["id"]    # the one model a server usually serves
+        self.model = model or self._served_model()
 
     def identity(self) -> tuple[str, str]: return f"{self.model} at {self.url}", f"server:{self.model}"
 
+    def _served_model(self) -> str:
+        "The first model the server lists (a server usually serves one)."
+        r = self._request("/models")
+        try: return str(r["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise ServerError(f"--server {self.url}/models: lists no model (got {_shorten(json.dumps(r))}); pass --server_model NAME") from None
+
     def _request(self, path: str, body: dict | None = None) -> dict:
-        key = os.environ.get("OPENAI_API_KEY")
+        "The JSON reply to a GET (no body) or POST; a transient fault is retried `retries` times, waiting backoff, 2·backoff, ..."
+        for attempt in range(self.retries + 1):
+            try: return self._request_once(path, body)
+            except _Transient as e:
+                if attempt == self.retries:
+                    what, advice = e.args
+                    raise ServerError(f"--server {self.url}{what}; gave up after {attempt + 1} tries: {advice}") from None
+                time.sleep(self.backoff * 2 ** attempt)
+
+    def _request_once(self, path: str, body: dict | None) -> dict:
+        where, key = f"--server {self.url}{path}", os.environ.get("OPENAI_API_KEY")
         req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
-        for attempt in range(self.retries + 1):
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r: return json.loads(r.read())
-            except urllib.error.HTTPError as e:            # 4xx: our request is wrong, retrying will not help
-                if e.code < 500 or attempt == self.retries:
-                    raise ServerError(f"--server {self.url}{path}: HTTP {e.code}: {' '.join(e.read().decode(errors='replace').split())[:300]}") from None
-            except (urllib.error.URLError, OSError) as e:
-                if attempt == self.retries:
-                    raise ServerError(f"--server {self.url}: cannot reach it ({getattr(e, 'reason', e)}); start the server or check the URL") from None
-            time.sleep(2 ** attempt)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r: raw = r.read()
+        except urllib.error.HTTPError as e:
+            msg = f"HTTP {e.code}: {_shorten(e.read().decode(errors='replace'), 300)}"
+            if e.code >= 500: raise _Transient(f"{path}: {msg}", "see the server's log") from None
+            raise ServerError(f"{where}: {msg}") from None               # 4xx: our request is wrong, another try will not help
+        except http.client.IncompleteRead as e:
+            raise _Transient(f"{path}: the reply was cut short ({len(e.partial)} bytes read, {e.expected} more expected)",
+                             "see the server's log") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+            reason = getattr(e, "reason", e)
+            if isinstance(reason, TimeoutError):    # a stuck server: another try would only double the wait
+                raise ServerError(f"{where}: no answer within --timeout {self.timeout:g} s; the server is stuck or overloaded "
+                                  "(raise --timeout if answers take longer)") from None
+            if isinstance(e, urllib.error.URLError):                          # no connection at all
+                raise _Transient(f": cannot reach it ({_shorten(reason, 120)})", "start the server or check the URL") from None
+            raise _Transient(f"{path}: the connection broke ({_shorten(reason, 120) or type(reason).__name__})", "see the server's log") from None
+        try: return json.loads(raw)
+        except ValueError as e:
+            raise ServerError(f"{where}: the reply is not JSON ({e}): {_shorten(raw.decode(errors='replace'), 100)!r}") from None
 
-    def _answer(self, messages, key, max_new_tokens, temperature, enable_thinking, seed) -> tuple[str, int, bool]:
+    def answer(self, messages, key, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> tuple[str, int | None, bool]:
+        "(text, n_tokens or None, finished) of one answer; `key` = (row, turn) seeds a sampled one."
         body = dict(model=self.model, messages=[{"role": m["role"], "content": m["content"]} for m in messages],
                     max_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0,
                     chat_template_kwargs={"enable_thinking": enable_thinking},
                     **({"seed": request_seed(seed, *key)} if temperature > 0 else {}))
-        r = self._request("/chat/completions", body)
-        choice, msg = r["choices"][0], r["choices"][0]["message"]
-        text = msg.get("content") or ""
-        if msg.get("reasoning_content"): text = f"<think>\n{msg['reasoning_content']}\n</think>\n\n{text}"   # split off by a reasoning parser
-        return text, (r.get("usage") or {}).get("completion_tokens", 0), choice.get("finish_reason") == "stop"
+        return _parse_reply(self._request("/chat/completions", body), f"--server {self.url}/chat/completions")
 
-    def answers(self, convs, keys, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> list[tuple[str, int, bool]]:
-        "One (text, n_tokens, finished) per conversation, asked concurrently."
-        with ThreadPoolExecutor(min(self.concurrency, len(convs))) as pool:
-            return list(pool.map(lambda ck: self._answer(*ck, max_new_tokens, temperature, enable_thinking, seed), zip(convs, keys)))
+def _in_threads(fn, items: list, workers: int):
+    "Yield `(item, fn(item))` as each finishes, `workers` at a time. Daemon threads: on an error or Ctrl-C the caller leaves at once instead of waiting for the requests in flight (each may take up to --timeout)."
+    todo, finished, stop = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()
+    for it in items: todo.put(it)
+    def work():
+        while not stop.is_set():
+            try: it = todo.get_nowait()
+            except queue.Empty: return
+            try: finished.put((it, fn(it), None))
+            except BaseException as e: finished.put((it, None, e))   # handed to the caller, raised there
+    for _ in range(min(workers, len(items))): threading.Thread(target=work, daemon=True).start()
+    try:
+        for _ in items:
+            it, result, err = finished.get()
+            if err is not None: raise err
+            yield it, result
+    finally: stop.set()                                               # the workers take nothing new
 
 # %% ../nbs/12_regenerate.ipynb #ad763ef0
 def _prompts_of(messages: list[dict]) -> list[dict]: return [m for m in messages if m["role"] != "assistant"]
@@ -151,9 +214,13 @@ def _read_done(out_path: Path, rows: list[dict]) -> dict[int, dict]:
             with open(out_path, "ab") as f: f.write(b"\n")
     return {r["index"]: r for r in recs}
 
-def _append_row(f, rec: dict):
-    f.write(json.dumps(rec, ensure_ascii=False) + "\n")  # one write per row
-    f.flush(); os.fsync(f.fileno())
+def _append_rows(f, finished, batch_size: int, wrote):
+    "Append each (index, messages) as it finishes: one write and a flush per row (a killed process keeps it), an fsync per `batch_size` rows (what a machine crash may lose)."
+    for n, (i, messages) in enumerate(finished, 1):
+        f.write(json.dumps({"index": i, "messages": messages}, ensure_ascii=False) + "\n"); f.flush()
+        wrote()
+        if n % batch_size == 0: os.fsync(f.fileno())
+    os.fsync(f.fileno())
 
 def _sort_output(out_path: Path):
     "Rewrite the file in index order (atomically, temp + rename) if it is not already."
@@ -218,13 +285,48 @@ def parse_shard(spec) -> tuple[int, int]:
         raise ValueError(f"--shard: expected K/N with 0 <= K < N (e.g. 0/4, the first of 4 shards), got {spec!r}")
     return int(m.group(1)), int(m.group(2))
 
+def _shard_records(s: Path, k: int, n: int, rows: int) -> list[dict]:
+    "The records of shard `s` (K/N of `rows` input rows), every line checked; a torn line, a stray row or a missing one is refused."
+    recs, seen = [], set()
+    with open(s, "rb") as f:
+        for n_line, line in enumerate(f, 1):
+            if not line.strip(): continue
+            where = f"{s} line {n_line}"
+            try: rec = json.loads(line)
+            except ValueError as e:
+                raise ChatDataError(f"{where}: invalid JSON ({getattr(e, 'msg', e)}), a torn line from an interrupted run? "
+                                    "rerun that shard's command to finish it, then merge") from None
+            i = rec.get("index") if isinstance(rec, dict) else None
+            if not isinstance(i, int) or not (0 <= i < rows and i % n == k):
+                raise ChatDataError(f"{where}: index {i!r} is not one of the rows of shard {k}/{n} ({k}, {k + n}, ... below {rows}); "
+                                    "not a regenerate output of this shard")
+            if i in seen: raise ChatDataError(f"{where}: row {i} is written twice")
+            seen.add(i); recs.append(rec)
+    if (missing := [i for i in range(k, rows, n) if i not in seen]):
+        raise ChatDataError(f"{s}: shard {k}/{n} is unfinished: {len(missing)} of its {len(range(k, rows, n))} rows are missing "
+                            f"(rows {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''}); "
+                            "rerun its command to finish it, then merge")
+    return recs
+
+def _check_merge_out(out_path: Path, shards: list[Path]):
+    "A merge writes a new file or replaces an earlier merge of the same shards, never anything else."
+    if out_path.resolve() in {s.resolve() for s in shards}: raise ChatDataError(f"--out {out_path}: is one of the shards; pass a new file")
+    if not out_path.exists() and not meta_path(out_path).exists(): return
+    old = _read_meta(meta_path(out_path))
+    if (old or {}).get("merged_from") != [str(s.resolve()) for s in shards]:
+        raise ChatDataError(f"--out {out_path}: exists and is not an earlier merge of these shards; a merge replaces nothing else: "
+                            "pass a new --out (or delete that file yourself)")
+
 def merge_shards(shards, out_path) -> dict:
-    "Join the `--out` files of shards 0/N … N-1/N into `out_path` in row order (refusing gaps, overlaps, mixed settings)."
+    "Join the `--out` files of shards 0/N … N-1/N into `out_path` in row order (refusing unfinished shards, gaps, overlaps, mixed settings, and an `out_path` that is not an earlier merge of the same shards)."
     shards, out_path = [Path(s) for s in shards], Path(out_path)
     metas = []
     for s in shards:
         if not s.is_file() or (m := _read_meta(meta_path(s))) is None:
             raise ChatDataError(f"{s}: not a regenerate output with its {meta_path(s).name}; pass the --out files of the shards")
+        if not isinstance(m.get("rows"), int):
+            raise ChatDataError(f"{meta_path(s)}: records no row count (written by an older version), so the shard cannot be "
+                                "checked for gaps; rerun its command (it resumes, and records it), then merge")
         metas.append(m)
     specs = [parse_shard(m.get("shard", "0/1")) for m in metas]
     n = specs[0][1]
@@ -233,15 +335,14 @@ def merge_shards(shards, out_path) -> dict:
     for s, m in zip(shards[1:], metas[1:]):
         if (diffs := identity_diff({**metas[0], "shard": None}, {**m, "shard": None})):
             raise ChatDataError(f"{s}: generated with other settings than {shards[0]} ({'; '.join(diffs)})")
-    recs, seen = [], {}
-    for s in shards:
-        for n_line, line in enumerate(s.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip(): continue
-            rec = json.loads(line)
-            if rec["index"] in seen: raise ChatDataError(f"{s} line {n_line}: row {rec['index']} is also in {seen[rec['index']]}")
-            seen[rec["index"]] = s; recs.append(rec)
+        if m["rows"] != metas[0]["rows"]:
+            raise ChatDataError(f"{s}: a shard of {m['rows']} input rows, {shards[0]} of {metas[0]['rows']}; merge shards of the same --data and --limit")
+    order = sorted(range(n), key=lambda j: specs[j][0])                # shard 0 first
+    shards, metas = [shards[j] for j in order], [metas[j] for j in order]
+    _check_merge_out(out_path, shards)
+    recs = [r for k, s in enumerate(shards) for r in _shard_records(s, k, n, metas[0]["rows"])]   # every shard checked before writing
+    _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1", "merged_from": [str(s.resolve()) for s in shards]})
     _write_rows(out_path, recs)
-    _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1"})
     return {"rows": len(recs), "shards": n, "out": str(out_path)}
 
 # %% ../nbs/12_regenerate.ipynb #d6b33887
@@ -265,17 +366,35 @@ def _regenerate_batch(answer, rows: list[dict], idx: list[int], stats) -> list[l
         for b in active: history[b] += plans[b][r]
         answers = answer([history[b] for b in active], [(idx[b], r) for b in active])
         for b, (text, n, finished) in zip(active, answers):
-            stats["turns"] += 1; stats["new_tokens"] += n; stats["unfinished"] += not finished
+            stats["turns"] += 1; stats["new_tokens"] += n or 0; stats["uncounted"] += n is None; stats["unfinished"] += not finished
             if not text.strip(): stats["empty_answers"] += 1; alive[b] = False; continue
             history[b].append({"role": "assistant", "content": text, **({} if finished else {"cut": True})})   # cut: no end-of-turn label
     return history
 
 @contextlib.contextmanager
 def _batch_rng(target, seed: int):
-    "Local sampling draws from torch's global RNG, seeded per batch; a server seeds each request itself."
-    if isinstance(target, OpenAIServer): yield; return
+    "Local sampling draws from torch's global RNG, seeded per batch (a server seeds each request itself)."
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
         torch.manual_seed(seed); yield
+
+def _local_rows(target, tokenizer, rows, batches, done, seed: int, stats, kw):
+    "(index, messages) of every row still to do, a batch at a time; a batch with any row left is generated whole."
+    for idx in batches:
+        if all(i in done for i in idx): continue
+        with _batch_rng(target, seed + idx[0]):
+            convs = _regenerate_batch(lambda c, _: _generate_answers(target, tokenizer, c, **kw), [rows[i] for i in idx], idx, stats)
+        yield from ((i, m) for i, m in zip(idx, convs) if i not in done)
+
+def _server_rows(server, rows, batches, done, seed: int, stats, kw):
+    "(index, messages) of every row still to do, as each finishes: `concurrency` rows in flight, each a chain of requests (one per turn), whatever the batch size."
+    def one(i):
+        st = collections.Counter()    # per thread; added up by the caller
+        (messages,) = _regenerate_batch(lambda c, k: [server.answer(c[0], k[0], seed=seed, **kw)], [rows[i]], [i], st)
+        return messages, st
+    todo = [i for idx in batches for i in idx if i not in done]      # longest prompts first: a request too long fails early
+    for i, (messages, st) in _in_threads(one, todo, server.concurrency):
+        for key, v in st.items(): stats[key] += v
+        yield i, messages
 
 def _check_settings(max_new_tokens, temperature, batch_size):
     if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -288,6 +407,8 @@ def _read_meta(mpath: Path) -> dict | None:
         raise ChatDataError(f"{mpath}: not valid JSON, so the rows next to it cannot be checked; delete it to resume "
                             "unchecked, or use a new --out") from None
 
+class Interrupted(KeyboardInterrupt): "Ctrl-C during a run; the message says what was kept."
+
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
                enable_thinking: bool = False, seed: int = 0, progress: bool = True, shard: str = "0/1") -> dict:
     "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the answer of `target` (a model or an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."
@@ -298,7 +419,7 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     k, n = parse_shard(shard)
-    meta = {**run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed), "shard": f"{k}/{n}"}
+    meta = {**run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed), "shard": f"{k}/{n}", "rows": len(rows)}
     old = _read_meta(mpath)
     if old is not None: old.setdefault("shard", "0/1")          # written before shards existed: the whole data
     has_rows = out_path.is_file() and out_path.stat().st_size > 0
@@ -310,25 +431,26 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     if (other := sorted(i for i in done if i % n != k)):
         raise ChatDataError(f"{out_path}: holds rows {other[:5]} of another shard than {k}/{n}; use this shard's own --out")
     if has_rows and old is None: print(f"{out_path}: no {mpath.name} (written by an older version): resuming unchecked")
-    if old != meta: _write_meta(mpath, meta)   # before the first row
-    stats = dict(rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, empty_answers=0, unfinished=0)
-    if server: answer = lambda convs, keys: target.answers(convs, keys, max_new_tokens, temperature, enable_thinking, seed)
-    else: answer = lambda convs, keys: _generate_answers(target, tokenizer, convs, max_new_tokens, temperature, enable_thinking)
+    if old != meta: _write_meta(mpath, meta)   # before the first row; `rows` lets a merge check the shard is complete
+    stats = dict(rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, uncounted=0, empty_answers=0, unfinished=0)
+    kw, batches = dict(max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking), length_batches(rows, mine, batch_size)
     t0 = time.time()
     with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(mine), initial=len(done), desc="regenerate",
                                                           unit="row", disable=not progress) as bar:
-        for idx in length_batches(rows, mine, batch_size):
-            if all(i in done for i in idx): continue
-            with _batch_rng(target, seed + idx[0]): convs = _regenerate_batch(answer, [rows[i] for i in idx], idx, stats)
-            for i, messages in zip(idx, convs):
-                if i in done: continue
-                _append_row(f, {"index": i, "messages": messages})
-                stats["written"] += 1; bar.update(1)
+        def wrote(): stats["written"] += 1; bar.update(1)
+        finished = (_server_rows(target, rows, batches, done, seed, stats, kw) if server else
+                    _local_rows(target, tokenizer, rows, batches, done, seed, stats, kw))
+        try:
+            with contextlib.closing(finished): _append_rows(f, finished, batch_size, wrote)   # closing: no new requests after an error
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted; {out_path} keeps the {len(done) + stats['written']} rows written "
+                              f"(of {len(mine)}); rerun the same command to resume") from None
     _sort_output(out_path)
     stats["seconds"] = round(time.time() - t0, 3)
     if progress:
+        uncounted = f" (and {stats['uncounted']} answers the server did not count)" if stats["uncounted"] else ""
         print(f"regenerate: {stats['written']} rows written to {out_path} ({stats['already_done']} already done), "
-              f"{stats['turns']} answers, {stats['new_tokens']} tokens, {stats['empty_answers']} empty, "
+              f"{stats['turns']} answers, {stats['new_tokens']} tokens{uncounted}, {stats['empty_answers']} empty, "
               f"{stats['unfinished']} cut at max_new_tokens={max_new_tokens}, {stats['seconds']} s")
     return stats
 
@@ -339,7 +461,11 @@ def _parse_args(argv=None):
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target; with --server, optional: recorded in the meta)")
     p.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server serving the target, e.g. http://localhost:8000/v1")
     p.add_argument("--server_model", default=None, help="model name on the server (default: the first it lists)")
-    p.add_argument("--concurrency", type=int, default=64, help="requests in flight to --server (use a large --batch_size with it)")
+    s = signature_defaults(OpenAIServer.__init__)
+    p.add_argument("--concurrency", type=int, default=s["concurrency"], help="requests in flight to --server (whatever --batch_size)")
+    p.add_argument("--timeout", type=float, default=s["timeout"], help="seconds to wait for one --server answer (the OpenAI client's default)")
+    p.add_argument("--retries", type=int, default=s["retries"],
+                   help="tries after the first when --server drops a connection, fails with a 5xx or cuts a reply short (waits 1, 2, 4, ... s)")
     p.add_argument("--data", help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
@@ -347,7 +473,7 @@ def _parse_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
     p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
     p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed (used when temperature > 0)")
-    p.add_argument("--batch_size", type=int, default=d["batch_size"])
+    p.add_argument("--batch_size", type=int, default=d["batch_size"], help="rows generated together (with --server: rows per fsync)")
     p.add_argument("--enable_thinking", action="store_true", help="let a Qwen3 target think (default: thinking off)")
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -370,7 +496,7 @@ def main(argv=None) -> dict:
     if a.tokenizer and looks_local(a.tokenizer) and not Path(a.tokenizer).exists():
         raise FileNotFoundError(f"--tokenizer {a.tokenizer!r} does not exist; check the path")
     if a.server:
-        target = OpenAIServer(a.server, a.server_model, concurrency=a.concurrency)
+        target = OpenAIServer(a.server, a.server_model, concurrency=a.concurrency, timeout=a.timeout, retries=a.retries)
         tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target) if (a.tokenizer or a.target) else None
     else:
         check_target_path(a.target)                                  # a mistyped local path fails here, the hub never asked
@@ -379,9 +505,14 @@ def main(argv=None) -> dict:
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                       batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed, shard=a.shard)
 
+def cli(argv=None):
+    "The command line: every refusal is one line `regenerate: error: ...` and exit status 2; Ctrl-C is one line and 130."
+    try: main(argv)
+    except KeyboardInterrupt as e:       # the rows written so far are kept: say so, without a traceback
+        print(f"regenerate: {' '.join(str(e).split()) or 'interrupted'}", file=sys.stderr); sys.exit(130)
+    except (ValueError, OSError) as e:   # bad data, target, settings, --out or server (ChatDataError, ServerError, missing files)
+        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote
+
 # %% ../nbs/12_regenerate.ipynb #70896f72
 #| eval: false
-if __name__ == "__main__":
-    try: main()
-    except (ValueError, OSError) as e:   # bad data, target, settings or --out (ChatDataError, ConfigError, missing files)
-        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote
+if __name__ == "__main__": cli()
