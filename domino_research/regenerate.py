@@ -171,7 +171,7 @@ def _in_threads(fn, items: list, workers: int):
             try: it = todo.get_nowait()
             except queue.Empty: return
             try: finished.put((it, fn(it), None))
-            except BaseException as e: finished.put((it, None, e))   # handed to the caller, raised there
+            except BaseException as e: stop.set(); finished.put((it, None, e))   # raised in the caller; no new work
     for _ in range(min(workers, len(items))): threading.Thread(target=work, daemon=True).start()
     try:
         for _ in items:

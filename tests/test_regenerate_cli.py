@@ -173,3 +173,163 @@ def test_cli_server_backend_writes_what_the_local_target_writes(target_dir, tmp_
     r = run_cli("--server", url, *common, "--out", tmp_path / "never.jsonl")            # the server is gone now
     assert_one_line_error(r, f"--server {url}: cannot reach it")
     assert not (tmp_path / "never.jsonl").exists()
+
+
+# --- a fake server (tests/_fake_openai.py): faults, hangs and bad replies; the command runs in this process (`cli`) ---
+from _fake_openai import FakeServer, echo, reply  # noqa: E402
+
+from domino_research.regenerate import OpenAIServer, cli  # noqa: E402
+
+
+def cli_run(capsys, *args):
+    "`cli(args)` in this process → (exit status, stdout, stderr)."
+    try: cli([str(a) for a in args]); code = 0
+    except SystemExit as e: code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(code, err, *needles):
+    assert code == 2, (code, err)
+    assert "Traceback" not in err and err.count("regenerate: error: ") == 1, err
+    for n in needles: assert str(n) in err, (n, err)
+
+
+def chat_file(path, n):
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+    monkeypatch.setattr(OpenAIServer, "backoff", 0.01)     # the retries' waits, not their number, shortened
+
+
+# (case, what the server does, extra flags, the words of the one-line error, requests the server should see)
+FAULTS = [("error_object", lambda n, b: {"object": "error", "message": "boom"}, [], "the reply has no choices[0].message", 1),
+          ("no_choices", lambda n, b: {"choices": []}, [], "the reply has no choices[0].message", 1),
+          ("content_not_text", lambda n, b: {"choices": [{"message": {"content": 42}}]}, [], "message.content is a int (42), not text", 1),
+          ("not_json", lambda n, b: ("raw", b"<html>bad gateway</html>"), [], "the reply is not JSON", 1),
+          ("http_400", lambda n, b: ("status", 400), [], "HTTP 400", 1),
+          ("http_503", lambda n, b: ("status", 503), [], "HTTP 503: {\"error\": {\"message\": \"scripted\"}}; gave up after 3 tries", 3),
+          ("cut_short", lambda n, b: "cut", [], "the reply was cut short", 3),
+          ("dropped", lambda n, b: "drop", [], "the connection broke", 3),
+          ("timeout", lambda n, b: "hang", ["--timeout", 0.5], "no answer within --timeout 0.5 s", 1)]
+
+
+@pytest.mark.parametrize("case,script,extra,needle,requests", FAULTS, ids=[f[0] for f in FAULTS])
+def test_server_fault_is_one_line_naming_the_url(capsys, fast_retries, tmp_path, case, script, extra, needle, requests):
+    "Each bad reply or fault ends the run with one line naming the URL and the fault; only transient faults are retried."
+    data, out = chat_file(tmp_path / "data.jsonl", 1), tmp_path / "out.jsonl"
+    with FakeServer(script, lifetime=20) as srv:
+        code, _, err = cli_run(capsys, "--server", srv.url, "--data", data, "--out", out, "--retries", 2, *extra)
+        assert_refused(code, err, f"--server {srv.url}/chat/completions: ", needle)
+        assert srv.requests == requests
+
+
+def test_server_lists_no_model(capsys, tmp_path):
+    with FakeServer(models={"data": []}, lifetime=20) as srv:
+        code, _, err = cli_run(capsys, "--server", srv.url, "--data", chat_file(tmp_path / "d.jsonl", 1), "--out", tmp_path / "o.jsonl")
+        assert_refused(code, err, f"--server {srv.url}/models: lists no model", "pass --server_model")
+
+
+def test_server_transient_faults_are_retried(capsys, fast_retries, tmp_path):
+    "A dropped connection, a 503 and a reply cut short, then answers without a token count: every row is written."
+    faults = {0: "drop", 1: ("status", 503), 2: "cut"}
+    def script(n, body):
+        return faults.get(n) or {**reply(f"echo: {body['messages'][-1]['content']}"), "usage": {"completion_tokens": None}}
+    data, out = tmp_path / "data.jsonl", tmp_path / "out.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    with FakeServer(script, lifetime=20) as srv:
+        code, stdout, err = cli_run(capsys, "--server", srv.url, "--data", data, "--out", out, "--concurrency", 1)
+    assert code == 0, err
+    assert "3 rows written" in stdout and "0 tokens (and 4 answers the server did not count)" in stdout
+    assert srv.requests == 4 + 3                                          # 4 answers, 3 of them retried once
+    recs = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [m["content"] for m in recs[1]["messages"] if m["role"] == "assistant"] == ["echo: Add?", "echo: Again?"]
+
+
+def test_server_requests_in_flight_follow_concurrency_not_batch_size(capsys, monkeypatch, tmp_path):
+    "`--concurrency 4 --batch_size 1` keeps 4 requests in flight; rows are fsynced once per batch, not once per row."
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    data, out = chat_file(tmp_path / "data.jsonl", 8), tmp_path / "out.jsonl"
+    with FakeServer(latency=0.2, lifetime=20) as srv:
+        code, _, err = cli_run(capsys, "--server", srv.url, "--data", data, "--out", out, "--concurrency", 4, "--batch_size", 1)
+        assert code == 0, err
+        assert srv.max_in_flight == 4
+    assert [json.loads(l)["index"] for l in out.read_text().splitlines()] == list(range(8))
+    fsyncs.clear()
+    with FakeServer(lifetime=20) as srv:
+        assert cli_run(capsys, "--server", srv.url, "--data", data, "--out", tmp_path / "o4.jsonl", "--batch_size", 4)[0] == 0
+    assert len(fsyncs) <= 3                                              # 8 rows, batches of 4 (+ one at the end)
+
+
+def test_ctrl_c_ends_a_hung_server_run_at_once_keeping_the_rows(tmp_path):
+    "SIGINT while the server never answers: the command exits within seconds with one line; the rows written are intact."
+    import signal
+    import time
+    data, out = chat_file(tmp_path / "data.jsonl", 4), tmp_path / "out.jsonl"
+    with FakeServer(lambda n, b: echo(n, b) if n < 2 else "hang", lifetime=120) as srv:
+        args = ["--server", srv.url, "--data", data, "--out", out, "--concurrency", 1, "--batch_size", 1]
+        p = subprocess.Popen([sys.executable, "-m", "domino_research.regenerate", *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 90
+            while srv.requests < 3 and time.time() < deadline and p.poll() is None: time.sleep(0.1)   # the 3rd request hangs
+            assert srv.requests == 3, p.communicate(timeout=5)
+            time.sleep(0.3)
+            t0 = time.time(); p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=30)
+            exit_s = time.time() - t0
+        finally:
+            p.kill()
+    assert exit_s < 5, exit_s
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and f"regenerate: interrupted; {out} keeps the 2 rows written (of 4)" in err, err
+    assert [json.loads(l)["index"] for l in out.read_text().splitlines()] == [0, 1] and out.read_text().endswith("\n")
+
+
+# --- merge: never loses data, never accepts an unfinished shard, names the file and line of a bad one ---
+@pytest.fixture
+def shards(capsys, tmp_path):
+    "s0.jsonl and s1.jsonl: the two shards of 8 rows, regenerated through a fake server."
+    data = chat_file(tmp_path / "data.jsonl", 8)
+    with FakeServer(lifetime=20) as srv:
+        for k in (0, 1):
+            assert cli_run(capsys, "--server", srv.url, "--data", data, "--out", tmp_path / f"s{k}.jsonl", "--shard", f"{k}/2")[0] == 0
+    return tmp_path / "s0.jsonl", tmp_path / "s1.jsonl"
+
+
+def test_merge_never_replaces_a_foreign_file(capsys, shards, tmp_path):
+    mydata = chat_file(tmp_path / "mydata.jsonl", 5)
+    before = mydata.read_bytes()
+    code, _, err = cli_run(capsys, "--merge", *shards, "--out", mydata)
+    assert_refused(code, err, f"--out {mydata}: exists and is not an earlier merge of these shards")
+    assert mydata.read_bytes() == before and not (tmp_path / "mydata.jsonl.meta.json").exists()
+    assert_refused(*cli_run(capsys, "--merge", *shards, "--out", shards[0])[::2], "is one of the shards")
+    merged = tmp_path / "merged.jsonl"
+    assert cli_run(capsys, "--merge", *shards, "--out", merged)[0] == 0
+    assert [json.loads(l)["index"] for l in merged.read_text().splitlines()] == list(range(8))
+    assert cli_run(capsys, "--merge", shards[1], shards[0], "--out", merged)[0] == 0   # an earlier merge of these shards: replaced
+
+
+@pytest.mark.parametrize("case", ["unfinished", "torn_line", "no_index", "stray_row", "old_meta"])
+def test_merge_refuses_a_bad_shard_naming_file_and_line(capsys, shards, tmp_path, case):
+    s0, s1 = shards
+    lines = s1.read_text().splitlines(keepends=True)
+    needle = {"unfinished": f"{s1}: shard 1/2 is unfinished: 3 of its 4 rows are missing (rows 3, 5, 7)",
+              "torn_line": f"{s1} line 4: invalid JSON", "no_index": f"{s1} line 1: index None is not one of the rows of shard 1/2",
+              "stray_row": f"{s1} line 1: index 2 is not one of the rows of shard 1/2",
+              "old_meta": "s1.jsonl.meta.json: records no row count"}[case]
+    if case == "unfinished": s1.write_text(lines[0])
+    if case == "torn_line": s1.write_text("".join(lines[:3]) + lines[3][:15])
+    if case == "no_index": s1.write_text(json.dumps({"messages": json.loads(lines[0])["messages"]}) + "\n" + "".join(lines[1:]))
+    if case == "stray_row": s1.write_text(lines[0].replace('"index": 1', '"index": 2') + "".join(lines[1:]))
+    if case == "old_meta":
+        meta = json.loads((tmp_path / "s1.jsonl.meta.json").read_text()); del meta["rows"]
+        (tmp_path / "s1.jsonl.meta.json").write_text(json.dumps(meta))
+    code, _, err = cli_run(capsys, "--merge", s0, s1, "--out", tmp_path / "m.jsonl")
+    assert_refused(code, err, needle)
+    assert not (tmp_path / "m.jsonl").exists() and not (tmp_path / "m.jsonl.meta.json").exists()
