@@ -43,17 +43,15 @@ class FakeServer:
                 with fake.lock:
                     n = fake.requests; fake.requests += 1; fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                try:
-                    time.sleep(fake.latency)
-                    what = fake.script(n, body)
-                    if what == "hang": fake.stopping.wait(); self.close_connection = True
-                    elif what == "drop": self.close_connection = True
-                    elif what == "cut": self.send(200, json.dumps(echo(n, body)).encode(), cut=True)
-                    elif isinstance(what, tuple) and what[0] == "status": self.send(what[1], b'{"error": {"message": "scripted"}}')
-                    elif isinstance(what, tuple) and what[0] == "raw": self.send(200, what[1])
-                    else: self.send(200, json.dumps(what).encode())
-                finally:
+                try: time.sleep(fake.latency); what = fake.script(n, body)
+                finally:   # counted out before replying: the client's next request may come before this thread runs on
                     with fake.lock: fake.in_flight -= 1
+                if what == "hang": fake.stopping.wait(); self.close_connection = True
+                elif what == "drop": self.close_connection = True
+                elif what == "cut": self.send(200, json.dumps(echo(n, body)).encode(), cut=True)
+                elif isinstance(what, tuple) and what[0] == "status": self.send(what[1], b'{"error": {"message": "scripted"}}')
+                elif isinstance(what, tuple) and what[0] == "raw": self.send(200, what[1])
+                else: self.send(200, json.dumps(what).encode())
 
         class Server(http.server.ThreadingHTTPServer):
             daemon_threads, request_queue_size = True, 1024     # many connections at once (the benchmark)
