@@ -508,8 +508,10 @@ def main(argv=None) -> dict:
 def cli(argv=None):
     "The command line: every refusal is one line `regenerate: error: ...` and exit status 2; Ctrl-C is one line and 130."
     try: main(argv)
-    except KeyboardInterrupt as e:       # the rows written so far are kept: say so, without a traceback
-        print(f"regenerate: {' '.join(str(e).split()) or 'interrupted'}", file=sys.stderr); sys.exit(130)
+    except KeyboardInterrupt as e:       # the output is closed by now, every row written kept: say so, without a traceback
+        print(f"regenerate: {' '.join(str(e).split()) or 'interrupted'}", file=sys.stderr)
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(130)                    # now: tearing down torch takes seconds, and requests in flight must not hold the exit
     except (ValueError, OSError) as e:   # bad data, target, settings, --out or server (ChatDataError, ServerError, missing files)
         print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote
 
