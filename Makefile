@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test env lock ablations gpu-check
+.PHONY: demo test env lab lock ablations gpu-check
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 env: $(BIN)/.installed
+
+# Read and run the notebooks in JupyterLab (the environment's `python3` kernel; tqdm draws its bars as widgets).
+lab: $(BIN)/.installed
+	$(BIN)/jupyter lab nbs/
 
 # The main job: train a Domino draft on the embedded default, evaluate it, write runs/demo/.
 demo: $(BIN)/.installed
