@@ -715,7 +715,7 @@ def _check_sharding(self: TrainDFlashRecipe):
     "Refuse `shard_draft` under a launch whose accelerate config wraps the model itself; say so when it shards nothing."
     cfg, acc = self.cfg, self.accelerator
     if not cfg.shard_draft: return
-    if acc.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
+    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
         raise ConfigError(f"shard_draft: this run was launched with accelerate's {acc.distributed_type.value} config, which "
                           "wraps the draft itself; launch with a plain multi-GPU config (or torchrun), or drop shard_draft")
     if acc.num_processes == 1:
