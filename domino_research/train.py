@@ -281,7 +281,7 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
     final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
     for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
-    draft.save_pretrained(tmp / "draft", state_dict=draft_state)
+    draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
     (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
     _fault_point(f"checkpoint-step-{step}")
