@@ -1,7 +1,7 @@
 """`shard_target` and `shard_draft` on 2 gloo ranks, in one torchrun launch of five short trainings (tests/_shard_worker.py):
 the target stays sharded between forwards, a sharded draft trains like the DDP one, holds half of its bytes, and its
 checkpoints resume exactly, in its own mode and across modes."""
-import json
+import json, subprocess, sys
 
 import pytest
 import torch
@@ -9,7 +9,6 @@ from safetensors.torch import load_file
 
 from conftest import write_config
 from test_train import ENV, REPO, finished, free_port
-import subprocess, sys
 
 WORLD = 2
 RUNS = [["ddp", {}], ["fsdp", {"shard_draft": True}],
