@@ -5,14 +5,14 @@
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
 import dataclasses, functools, itertools, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import pyarrow.compute as pc, torch, torch.distributed as dist, yaml
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, gather_object, set_seed
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
@@ -24,7 +24,7 @@ from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
 from .loss import WindowSums, lambda_base_schedule
 from .reduce import EvalSums
-from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
+from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head, _decoder_layers
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
 from .data import ChatDataError, cached_chat_dataset, collate_chat
@@ -82,6 +82,7 @@ class DFlashTrainConfig:
     seed: int = 0
     # -- runtime
     shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
+    shard_draft: bool = False                  # FSDP2-shard the draft's weights, gradients and AdamW states across ranks (else DDP replicas)
     on_nonfinite: str = "stop"                 # "stop" | "skip" a window whose loss is NaN/inf
     # -- validation, checkpoints, logging
     eval_every_steps: Optional[int] = None     # also validates at the end of every epoch
@@ -241,10 +242,10 @@ def read_metrics(path) -> list[dict]:
         except ValueError: warnings.warn(f"{path}:{n}: dropping a line that is not JSON (torn by a killed writer, or edited by hand)", stacklevel=2)
     return rows
 
-def _export_draft(draft, out: Path):
-    "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
+def _export_draft(draft, out: Path, state_dict: Optional[dict] = None):
+    "Save the draft (weights: `state_dict` if given) to `out` through a temp folder: `out` is absent or complete, never half written."
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp)
+    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp, state_dict=state_dict)
     _fault_point("export-draft")
     if out.exists(): shutil.rmtree(out)
     os.replace(tmp, out)
@@ -274,17 +275,19 @@ def _set_rng_state(s: dict, generator: torch.Generator):
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
 def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
-                    config: dict, keep: int = 2) -> Path:
-    "Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`."
+                    config: dict, keep: int = 2, draft_state: Optional[dict] = None) -> Path:
+    """Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`. `optimizer` is an
+    optimiser or its state dict; `draft_state` the draft's weights when the module holds only a shard of them."""
     ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
     final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
     for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
-    draft.save_pretrained(tmp / "draft")
+    draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
     (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
     _fault_point(f"checkpoint-step-{step}")
     # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng},
+    optim = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng},
                tmp / "state.pt")
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
@@ -337,7 +340,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
 
 RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
-                  "decode_max_new_tokens", "decode_prompts")
+                  "decode_max_new_tokens", "decode_prompts", "shard_target", "shard_draft")   # sharding: how, not what, is trained
 
 def check_resumed_config(path, cfg: DFlashTrainConfig, loop: Optional[dict] = None, world_size: int = 1):
     """Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change),
@@ -498,7 +501,10 @@ class TrainDFlashRecipe:
         cfg = self.cfg
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                                        mixed_precision="bf16" if torch.cuda.is_available() else "no",
-                                       log_with="wandb" if cfg.wandb_project else None)
+                                       log_with="wandb" if cfg.wandb_project else None,
+                                       # DDP's gradients are views into its all-reduce buckets: one copy of them, not two
+                                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
+        self._check_sharding()
         self._claim_run_dir()
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
@@ -518,6 +524,7 @@ class TrainDFlashRecipe:
             check_target_separates_documents(self.target, self.dflash.target_layer_ids, stop_early=not cfg.shard_target)
         self.draft = self._build_draft()
         self.trainer = self._build_trainer_module()
+        if self._sharded_draft(): self._shard_draft()       # before the optimiser, which must hold the sharded parameters
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2))
         self.total_steps = self._count_total_steps()
@@ -527,7 +534,8 @@ class TrainDFlashRecipe:
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=int(cfg.warmup_ratio * self.total_steps),
             num_training_steps=self.total_steps, min_lr_rate=cfg.min_lr_ratio)
-        self.model, self.optimizer = self.accelerator.prepare(self.trainer, self.optimizer)
+        if self._sharded_draft(): self.model = self.trainer     # FSDP2 reduces the gradients: no DDP wrapper
+        else: self.model, self.optimizer = self.accelerator.prepare(self.trainer, self.optimizer)
         self.generator = torch.Generator().manual_seed(cfg.seed * 1_000 + self.accelerator.process_index)
         return self
 
@@ -652,10 +660,15 @@ def _pack_datasets(self: TrainDFlashRecipe):
 def _load_target(self: TrainDFlashRecipe):
     target = load_target(self.target_path, device=self.accelerator.device)
     if self._sharded_target():
-        # FSDP2 on the decoder layers only, each gathered for its own forward. The embedding and the LM head, which the
-        # draft reads directly, stay whole on every rank: sharding the root would hand the draft DTensors it cannot use.
+        # FSDP2: one unit per decoder layer, under one root over the decoder. A root keeps its parameters gathered after
+        # its forward (they are needed again at once in backward), so a layer that were its own root would stay whole;
+        # under the decoder's root each layer is gathered for its own forward and freed right after. Everything else of
+        # the decoder (the embedding, which the draft reads directly, the final norm) is `ignored_params`: whole on every
+        # rank, never a DTensor. The LM head lies outside the decoder and stays whole too.
         from torch.distributed.fsdp import fully_shard
-        for layer in target.model.layers: fully_shard(layer)
+        decoder, layers = target.get_decoder(), _decoder_layers(target)
+        for layer in layers: fully_shard(layer, reshard_after_forward=True)
+        fully_shard(decoder, ignored_params=set(decoder.parameters()) - set(layers.parameters()))
     return target
 
 @patch
@@ -690,6 +703,99 @@ def _count_total_steps(self: TrainDFlashRecipe) -> int:
     micro = len(epoch_order(len(self.train_set), cfg.seed, 0, 0, acc.num_processes, cfg.micro_batch_size, pad=True))
     steps = math.ceil(micro / cfg.grad_accumulation_steps) * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+# %% ../nbs/34_train.ipynb #5a1d0c3f
+@patch
+def _sharded_draft(self: TrainDFlashRecipe) -> bool:
+    "Whether the draft is sharded: then its forward is collective, and every rank must run each one."
+    return self.cfg.shard_draft and self.accelerator.num_processes > 1
+
+@patch
+def _check_sharding(self: TrainDFlashRecipe):
+    "Refuse `shard_draft` under a launch whose accelerate config wraps the model itself; say so when it shards nothing."
+    cfg, acc = self.cfg, self.accelerator
+    if not cfg.shard_draft: return
+    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+        raise ConfigError(f"shard_draft: this run was launched with accelerate's {acc.distributed_type.value} config, which "
+                          "wraps the draft itself; launch with a plain multi-GPU config (or torchrun), or drop shard_draft")
+    if acc.num_processes == 1:
+        warnings.warn("shard_draft: one process shards nothing; the draft trains whole on it", stacklevel=2)
+
+@patch
+def _shard_draft(self: TrainDFlashRecipe):
+    "FSDP2 over the trainer module: one unit per draft decoder layer, the draft's other parameters in the root's unit."
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    bf16 = self.accelerator.mixed_precision == "bf16"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in self.draft.layers: fully_shard(layer, mp_policy=mp)
+    fully_shard(self.trainer, mp_policy=mp)
+    # under autocast as well, like accelerate's DDP model: ops autocast keeps in fp32 (softmax, losses) stay in fp32
+    if bf16: self.trainer.forward = self.accelerator.autocast()(self.trainer.forward)
+
+@patch
+def _no_sync(self: TrainDFlashRecipe, skip: bool):
+    "No gradient reduction in a micro-batch that does not close its window (`skip`): DDP's `no_sync`, FSDP2's flag."
+    if not skip: return nullcontext()
+    return _fsdp_no_sync(self.model) if self._sharded_draft() else self.accelerator.no_sync(self.model)
+
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)        # gradients accumulate unsharded until the closing micro-batch
+    try: yield
+    finally: model.set_requires_gradient_sync(True)
+
+@patch
+def _clip_grad_norm(self: TrainDFlashRecipe) -> torch.Tensor:
+    "Clip to `max_grad_norm`; the norm is the whole draft's on every rank (a sharded draft's gradients are DTensors)."
+    if not self._sharded_draft(): return self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+def _state_dict_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, **kw)
+
+@patch
+def _param_names(self: TrainDFlashRecipe) -> list[str]:
+    "The trainer's parameter names in the optimiser's order: an unsharded `optimizer.state_dict()` numbers them so."
+    name = {id(p): n for n, p in self.trainer.named_parameters()}
+    return [name[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+@patch
+def _full_draft_state(self: TrainDFlashRecipe) -> Optional[dict]:
+    "A sharded draft's weights, gathered whole to rank 0's CPU (collective: every rank calls it; None elsewhere and unsharded)."
+    if not self._sharded_draft(): return None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    state = get_model_state_dict(self.model, options=_state_dict_options(cpu_offload=True))
+    return {k.removeprefix("draft."): v for k, v in state.items()} if self.accelerator.is_main_process else None
+
+@patch
+def _full_optimizer_state(self: TrainDFlashRecipe) -> Optional[dict]:
+    "A sharded draft's AdamW state, gathered to rank 0's CPU in the layout of an unsharded `optimizer.state_dict()` (collective)."
+    if not self._sharded_draft(): return None
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    state = get_optimizer_state_dict(self.model, self.optimizer, options=_state_dict_options(cpu_offload=True))
+    if not self.accelerator.is_main_process: return None
+    index = {n: i for i, n in enumerate(self._param_names())}
+    return {"state": {index[n]: s for n, s in state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+
+@patch
+def _load_optimizer_state(self: TrainDFlashRecipe, state: dict):
+    "Load an (unsharded-layout) optimiser state; a sharded draft's: rank 0's copy, sharded and broadcast to every rank."
+    if not self._sharded_draft(): return self.optimizer.load_state_dict(state)
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    names = self._param_names()
+    by_name = {"state": {names[i]: s for i, s in state["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(self.model, self.optimizer, by_name if self.accelerator.is_main_process else {},
+                             options=_state_dict_options(broadcast_from_rank0=True))
+
+def _idle_blocks(batch: dict) -> dict:
+    "`batch` with one block at position 0 per row, unpacked: what a rank with no block of its own feeds a collective forward."
+    ids = batch["input_ids"]
+    return {**{k: v for k, v in batch.items() if k != "position_ids"},
+            "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
 
 # %% ../nbs/34_train.ipynb #966bf1f3
 def estimate_memory(recipe) -> dict:
@@ -818,14 +924,17 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
     self.trainer.eval()
     sums = EvalSums(self._eval_metric_names(), device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
     order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
-    sharded = self._sharded_target()
-    steps = int(-self._reduce([-len(order)], "min")[0]) if sharded else len(order)   # sharded: the most any rank has
+    sharded, collective = self._sharded_target(), self._sharded_target() or self._sharded_draft()
+    steps = int(-self._reduce([-len(order)], "min")[0]) if collective else len(order)   # the most any rank has
     for k in range(steps):
         mine = k < len(order)
         rows = order[k] if mine else [0]           # a rank out of rows still joins the sharded target's forward, on row 0
         batch = self._collate(self.eval_set, rows)
         feats = self._features(batch) if sharded else None                     # collective when sharded: every rank, every k
-        if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])): continue
+        if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])):
+            if self._sharded_draft():                # join the draft's collective forward on a stand-in block, then drop it
+                self._run_trainer_step(_idle_blocks(batch), feats if sharded else self._features(batch), model=self.trainer)
+            continue
         out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=self.trainer)
         for name, (num, den) in self._eval_metric_sums(out).items():
             if name in sums.names: sums.add(name, num, den)
@@ -852,7 +961,7 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
     sums, finite = WindowSums(), []
     for i, (batch, w) in enumerate(zip(batches, weights)):
         last = i == len(batches) - 1
-        with (acc.no_sync(self.model) if not last else nullcontext()):   # gradients sync once per window
+        with self._no_sync(skip=not last):              # gradients sync once per window
             out = self._run_trainer_step(batch, self._features(batch))
             acc.backward(out["loss"] * (w * acc.num_processes / total).to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
         finite.append(torch.isfinite(out["loss"].detach()))
@@ -865,7 +974,7 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
                                      "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
                                      "the data, or set on_nonfinite: skip.")
         self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
-    grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+    grad_norm = self._clip_grad_norm()
     self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
     stats = self._log_extra_train_metrics(sums.compute())
     stats["grad_norm"] = _scalar(grad_norm)
@@ -941,8 +1050,9 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     final = {"step": step, **self.evaluate()}
     self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
     self._save(run_dir, step, epoch, position)
+    draft_state = self._full_draft_state()             # collective when the draft is sharded
     if acc.is_main_process:
-        _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
+        _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft", draft_state)
         _write_json(run_dir / "summary.json", final)
     acc.wait_for_everyone()
     return final
@@ -959,11 +1069,12 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
     acc = self.accelerator
     if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
     rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
+    draft_state, optim_state = self._full_draft_state(), self._full_optimizer_state()   # collective when sharded
     if acc.is_main_process:
         loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
                 "grad_accumulation_steps": self.cfg.grad_accumulation_steps}
-        save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, self.optimizer, self.scheduler, loop, rng,
-                        self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints)
+        save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, optim_state or self.optimizer, self.scheduler, loop,
+                        rng, self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints, draft_state=draft_state)
         if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
     self.saved_step = step
     acc.wait_for_everyone()
@@ -973,7 +1084,7 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     s, acc, loop = self.start, self.accelerator, self.start["loop"]
     # older checkpoints counted micro-batches per rank: the same place in the epoch's order
     position = loop["position"] if "position" in loop else loop["offset"] * self.cfg.micro_batch_size * loop["world_size"]
-    self.optimizer.load_state_dict(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
+    self._load_optimizer_state(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
     rank, saved_world = acc.process_index, loop["world_size"]
     if rank < saved_world: _set_rng_state(s["rng"][rank], self.generator)   # a rank the checkpoint had: its own streams
     else: _set_rng_state({**s["rng"][0], "anchor_generator": self.generator.get_state()}, self.generator)   # a new rank: its fresh anchor stream

@@ -1,0 +1,97 @@
+"""`shard_target` and `shard_draft` on 2 gloo ranks, in one torchrun launch of five short trainings (tests/_shard_worker.py):
+the target stays sharded between forwards, a sharded draft trains like the DDP one, holds half of its bytes, and its
+checkpoints resume exactly, in its own mode and across modes."""
+import json, subprocess, sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import write_config
+from test_train import ENV, REPO, finished, free_port
+
+WORLD = 2
+RUNS = [["ddp", {}], ["fsdp", {"shard_draft": True}],
+        ["fsdp_resumed", {"shard_draft": True, "resume": "fsdp/checkpoints/step-1"}],     # within the mode
+        ["ddp_to_fsdp", {"shard_draft": True, "resume": "ddp/checkpoints/step-1"}],       # across modes, both ways
+        ["fsdp_to_ddp", {"shard_draft": False, "resume": "fsdp/checkpoints/step-1"}]]
+
+
+@pytest.fixture(scope="module")
+def launch(tiny, tmp_path_factory):
+    "One 2-rank launch: every run with a sharded target; accumulation 2 (a micro-batch without gradient sync in each step)."
+    tmp = tmp_path_factory.mktemp("shard")
+    runs_dir = tmp / "runs"
+    cfg = write_config(tmp / "c.yaml", {**tiny["base"], "output_dir": str(runs_dir), "shard_target": True, "max_steps": 3,
+                                        "save_every_steps": 1, "keep_checkpoints": 3, "grad_accumulation_steps": 2,
+                                        "max_eval_samples": 3})   # 3 rows on 2 ranks: one rank joins a forward with no row
+    runs = [[n, {**o, **({"resume": str(runs_dir / o["resume"])} if "resume" in o else {})}] for n, o in RUNS]
+    out = tmp / "out"; out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(REPO / "tests" / "_shard_worker.py"), cfg, str(out), json.dumps(runs)]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert finished(p, out, WORLD), p.stdout[-3000:] + p.stderr[-5000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return {"ranks": ranks, "runs": runs_dir, "target": tiny["root"] / "target"}
+
+
+def _weights(launch, name): return load_file(launch["runs"] / name / "draft" / "model.safetensors")
+
+
+def _losses(launch, name):
+    rows = [json.loads(l) for l in (launch["runs"] / name / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r], [r["eval/loss"] for r in rows if "eval/loss" in r]
+
+
+def test_sharded_target_stays_sharded(launch):
+    """Each rank's resident target bytes (distinct storages: registered parameters and FSDP's own copies), after the first
+    forward and after an optimiser step: the embedding/LM head and final norm whole, plus this rank's shard of each
+    decoder layer's parameters (at most ceil(rows / world) rows of each), nothing more."""
+    from transformers import AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained(launch["target"])
+    layers = set(target.model.layers.parameters())
+    whole = sum({p.data_ptr(): p.numel() * p.element_size() for p in target.parameters() if p not in layers}.values())
+    shard = sum(-(-p.shape[0] // WORLD) * (p.numel() // p.shape[0]) * p.element_size() for p in layers)
+    full = whole + sum(p.numel() * p.element_size() for p in layers)
+    for rank in launch["ranks"]:
+        for run in ("ddp", "fsdp"):
+            b = rank[run]["bytes"]
+            for when in ("target_after_forward", "target_after_step"):
+                assert b[when] <= whole + shard, f"{run} {when}: {b[when]} bytes resident, sharded is {whole + shard}, whole {full}"
+
+
+def test_sharded_draft_trains_like_ddp(launch):
+    """Same losses, validation losses and final draft as the DDP run. Tolerance rel 1e-6: the two reduce the same per-rank
+    fp32 gradients (all-reduce vs reduce-scatter); with two summands the order cannot differ, so on 2 CPU ranks they are
+    equal, and the tolerance only allows for a reduction that adds in another order."""
+    ddp, fsdp = _losses(launch, "ddp"), _losses(launch, "fsdp")
+    assert len(ddp[0]) == 3 and len(ddp[1]) == 1
+    for a, b in zip(ddp, fsdp): assert b == pytest.approx(a, rel=1e-6)
+    a, b = _weights(launch, "ddp"), _weights(launch, "fsdp")
+    assert a.keys() == b.keys()
+    for k in a: torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_sharded_draft_holds_one_shard(launch):
+    "Per rank, the sharded draft's parameters, gradients and AdamW state take about 1/world of the DDP run's bytes."
+    for rank in launch["ranks"]:
+        ddp, fsdp = rank["ddp"]["bytes"], rank["fsdp"]["bytes"]
+        for k in ("draft_params", "draft_grads", "optimizer_state"):
+            # slack: the shards' padding to whole rows and AdamW's step counters (one 4-byte scalar per parameter, unsharded)
+            assert fsdp[k] <= ddp[k] / WORLD * 1.02 + 256, (k, fsdp[k], ddp[k])
+            assert fsdp[k] >= ddp[k] / WORLD * 0.98, (k, fsdp[k], ddp[k])
+
+
+def test_sharded_draft_resumes_exactly(launch):
+    "Resumed from its step-1 checkpoint, the sharded run ends bitwise where the uninterrupted one did."
+    a, b = _weights(launch, "fsdp"), _weights(launch, "fsdp_resumed")
+    for k in a: assert torch.equal(a[k], b[k]), k
+    assert _losses(launch, "fsdp_resumed")[0] == _losses(launch, "fsdp")[0][1:]     # the fork logs steps 2 and 3
+
+
+@pytest.mark.parametrize("run,source", [("ddp_to_fsdp", "ddp"), ("fsdp_to_ddp", "fsdp")])
+def test_resume_across_modes(launch, run, source):
+    "A checkpoint holds the unsharded layout whichever mode wrote it: the other mode resumes it and ends where the writer did."
+    a, b = _weights(launch, source), _weights(launch, run)
+    for k in a: torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert _losses(launch, run)[0] == pytest.approx(_losses(launch, source)[0][1:], rel=1e-6)
