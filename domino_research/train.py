@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, config_from_dict, dumps_strict, write_atomic
+from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
+                                    format_bytes, is_disk_full, no_space, ranged, write_atomic)
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -49,51 +50,52 @@ class DFlashTrainConfig:
     train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
     eval_data: Optional[str] = "embedded:validation"  # None disables validation
     enable_thinking: bool = False              # chat template thinking mode (must match evaluation)
-    seq_length: int = 3072                     # tokens per sample after truncation
-    max_train_samples: Optional[int] = None    # cap on training rows (None = all)
-    max_eval_samples: Optional[int] = None     # cap on validation rows
+    seq_length: int = ranged(3072, ">= 1")  # tokens per sample after truncation
+    max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (None = all)
+    max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows
     packing: bool = False                      # several conversations per row, kept apart (notebook 15)
     data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
-    data_num_proc: Optional[int] = None        # processes that tokenise a new cache (None = min(8, CPU count))
-    dataloader_num_workers: int = 0            # DataLoader worker processes reading and collating micro-batches
+    data_num_proc: Optional[int] = ranged(None, ">= 1", "or null for min(8, CPU count)")  # processes that tokenise a new cache (None = min(8, CPU count))
+    dataloader_num_workers: int = ranged(0, ">= 0", "0 reads batches in the training process")  # DataLoader worker processes reading and collating micro-batches
     # -- draft
-    draft_num_hidden_layers: int = 5
-    draft_intermediate_size: Optional[int] = None  # MLP width of each draft layer (None = the target's)
+    draft_num_hidden_layers: int = ranged(5, ">= 1")
+    draft_intermediate_size: Optional[int] = ranged(None, ">= 1", "or null for the target's")  # MLP width of each draft layer (None = the target's)
     target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
-    block_size: int = 16
-    mask_token_id: Optional[int] = None        # required: a reserved row of the target's embedding table
+    block_size: int = ranged(16, ">= 2")
+    mask_token_id: Optional[int] = ranged(None, ">= 0")  # required: a reserved row of the target's embedding table
     shift_label: bool = False                  # DFlash convention: slot k predicts x[a+k]
-    num_anchors: int = 512                     # blocks sampled per sample
-    loss_decay_gamma: Optional[float] = 7.0    # None = no decay over slots
+    num_anchors: int = ranged(512, ">= 1")  # blocks sampled per sample
+    loss_decay_gamma: Optional[float] = ranged(7.0, "> 0", "or null for no decay")  # None = no decay over slots
     attention_backend: str = "sdpa"            # "sdpa" | "flex_attention" (CUDA only)
     gradient_checkpointing: bool = False       # recompute the draft layers in backward: less activation memory, more compute
     # -- optimisation
-    micro_batch_size: int = 1
-    grad_accumulation_steps: int = 1
-    num_epochs: int = 1
-    max_steps: Optional[int] = None            # cap on optimiser steps (None = num_epochs worth)
-    learning_rate: float = 6e-4
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.04
-    min_lr_ratio: float = 0.1                  # cosine floor as a fraction of learning_rate
-    max_grad_norm: float = 1.0
-    seed: int = 0
+    micro_batch_size: int = ranged(1, ">= 1")
+    grad_accumulation_steps: int = ranged(1, ">= 1")
+    num_epochs: int = ranged(1, ">= 1")
+    max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps (None = num_epochs worth)
+    learning_rate: float = ranged(6e-4, "> 0")
+    adam_beta1: float = ranged(0.9, "[0, 1)")
+    adam_beta2: float = ranged(0.95, "[0, 1)")
+    weight_decay: float = ranged(0.0, ">= 0")
+    warmup_ratio: float = ranged(0.04, "[0, 1)")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # cosine floor as a fraction of learning_rate
+    max_grad_norm: float = ranged(1.0, "> 0")
+    seed: int = ranged(0, "[0, 4294967295]")
     # -- runtime
     shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
     on_nonfinite: str = "stop"                 # "stop" | "skip" a window whose loss is NaN/inf
+    dist_timeout_minutes: float = ranged(30.0, "> 0")  # how long a rank waits in a collective for the others before failing
     # -- validation, checkpoints, logging
-    eval_every_steps: Optional[int] = None     # also validates at the end of every epoch
-    save_every_steps: Optional[int] = None     # None = only at the end
-    keep_checkpoints: int = 2
+    eval_every_steps: Optional[int] = ranged(None, ">= 1", "or null for every epoch only")  # also validates at the end of every epoch
+    save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # None = only at the end
+    keep_checkpoints: int = ranged(2, ">= 1")
     output_dir: str = "runs"
     run_name: str = "run"
     resume: Optional[str] = None               # "latest" or a checkpoint dir
     overwrite: bool = False                    # allow reusing an existing run dir without resume
     wandb_project: Optional[str] = None        # log through accelerate's wandb tracker when set
-    decode_eval_prompts: int = 0               # >0: speculative-decoding evaluation on that many test prompts at the end
-    decode_max_new_tokens: int = 128
+    decode_eval_prompts: int = ranged(0, ">= 0")  # >0: speculative-decoding evaluation on that many test prompts at the end
+    decode_max_new_tokens: int = ranged(128, ">= 1")
     decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
 
     @property
@@ -102,13 +104,13 @@ class DFlashTrainConfig:
 @dataclass
 class DominoTrainConfig(DFlashTrainConfig):
     recipe: str = "domino"
-    num_anchors: int = 256
+    num_anchors: int = ranged(256, ">= 1")
     shift_label: bool = True                   # Domino recipe: slot k predicts x[a+1+k]
-    emb_dim: int = 256                         # E, rank of the logit correction
-    gru_hidden_dim: int = 1024                 # G, width of the prefix GRU
-    pure_draft_prefix_len: int = 1             # first p slots keep uncorrected base logits
-    lambda_base_start: float = 1.0             # λ0 of the base-loss curriculum
-    lambda_base_decay_ratio: float = 0.5       # λ reaches 0 after this fraction of optimiser steps
+    emb_dim: int = ranged(256, ">= 1")  # E, rank of the logit correction
+    gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of the prefix GRU
+    pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
+    lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
+    lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
 
 # %% ../nbs/34_train.ipynb #d1d2d452
 import domino_research
@@ -129,37 +131,21 @@ def check_run_name(name) -> str:
     return name
 
 def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
-    "Checks on values that need no model; each error names its key."
+    "Checks on values that need no model; each error names its key. Each number's range is its field's (`ranged`)."
+    check_ranges(cfg)                                  # also for a config built in code rather than read
     check_run_name(cfg.run_name)
     _check(not (cfg.overwrite and cfg.resume == "latest"), "overwrite",
            "cannot be combined with resume=latest: resume continues the run, overwrite replaces it; pass one of them")
-    _check(cfg.block_size >= 2, "block_size", f"must be >= 2 (got {cfg.block_size})")
     _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
     _check(cfg.mask_token_id is not None, "mask_token_id", "is required (a reserved token id of the target, e.g. 151669 for Qwen3)")
-    for k in ("seq_length", "draft_num_hidden_layers", "num_anchors", "micro_batch_size", "grad_accumulation_steps",
-              "num_epochs", "keep_checkpoints"):
-        _check(getattr(cfg, k) >= 1, k, f"must be >= 1 (got {getattr(cfg, k)})")
-    _check(cfg.draft_intermediate_size is None or cfg.draft_intermediate_size >= 1, "draft_intermediate_size",
-           f"must be >= 1 or null for the target's (got {cfg.draft_intermediate_size})")
     _check(cfg.seq_length > cfg.block_size, "seq_length", f"must exceed block_size={cfg.block_size} (got {cfg.seq_length})")
-    _check(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", f"must be >= 1 or null (got {cfg.max_steps})")
-    for k in ("max_train_samples", "max_eval_samples"):     # 0 would silently mean "no rows", not "all rows"
-        _check(getattr(cfg, k) is None or getattr(cfg, k) >= 1, k, f"must be >= 1, or null for all rows (got {getattr(cfg, k)})")
-    _check(cfg.data_num_proc is None or cfg.data_num_proc >= 1, "data_num_proc", f"must be >= 1, or null for min(8, CPU count) (got {cfg.data_num_proc})")
-    _check(cfg.dataloader_num_workers >= 0, "dataloader_num_workers", f"must be >= 0 (0 reads batches in the training process; got {cfg.dataloader_num_workers})")
-    _check(cfg.learning_rate > 0, "learning_rate", f"must be > 0 (got {cfg.learning_rate})")
-    _check(0 <= cfg.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1) (got {cfg.warmup_ratio})")
     _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
            f"must be 'sdpa' or 'flex_attention' (got {cfg.attention_backend!r})")
     _check(cfg.attention_backend == "sdpa" or torch.cuda.is_available(), "attention_backend",
            "flex_attention has no backward on CPU; use 'sdpa' on CPU")
     _check(cfg.on_nonfinite in ("stop", "skip"), "on_nonfinite", f"must be 'stop' or 'skip' (got {cfg.on_nonfinite!r})")
-    _check(cfg.loss_decay_gamma is None or cfg.loss_decay_gamma > 0, "loss_decay_gamma", f"must be > 0 or null (got {cfg.loss_decay_gamma})")
     _check(cfg.decode_eval_prompts == 0 or cfg.decode_prompts is not None or cfg.target == "embedded", "decode_prompts",
            "is required when decode_eval_prompts > 0 with a target other than the embedded one (a prompts JSONL)")
-    if isinstance(cfg, DominoTrainConfig):
-        _check(0 <= cfg.lambda_base_start <= 1, "lambda_base_start", f"must be in [0, 1] (got {cfg.lambda_base_start})")
-        _check(cfg.lambda_base_decay_ratio >= 0, "lambda_base_decay_ratio", f"must be >= 0 (got {cfg.lambda_base_decay_ratio})")
     return cfg
 
 # %% ../nbs/34_train.ipynb #b9561fb0
@@ -176,7 +162,19 @@ def find_config(name_or_path) -> Path:
     return shipped
 
 class Yaml12Loader(yaml.SafeLoader):
-    "PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`)."
+    """PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`), and
+    refusing a key written twice in one mapping (PyYAML keeps the last silently: an edit that looked applied was not)."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge": continue      # `<<: *base` then a key: an intended override
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try: seen = key in first
+            except TypeError: continue                                  # an unhashable key: PyYAML's own error follows
+            if seen: raise ConfigError(f"duplicate key {key!r} on lines {first[key]} and {line}: keep one of them")
+            first[key] = line
+        return super().construct_mapping(node, deep)
 
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
@@ -192,6 +190,7 @@ def load_train_config(config=None, **overrides) -> DFlashTrainConfig:
         path = find_config(config); where = str(path)
         try: raw = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        except ConfigError as e: raise ConfigError(f"{path}: {e}") from None      # a duplicate key: the file, then its lines
         if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
     recipe = {**raw, **overrides}.get("recipe", "dflash")
     if recipe not in RECIPE_CONFIGS:
@@ -1095,7 +1094,10 @@ def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
         i += 1
         if key == "config": config = val
         elif key in _STR_KEYS: out[key] = None if val == "null" else val   # text as typed: 001, 2026-12-03, ~ stay text
-        else: out[key] = yaml_load(val) if val != "" else ""   # YAML 1.2 numbers: --learning_rate 1e-3 is a float
+        else:                                         # YAML 1.2 numbers: --learning_rate 1e-3 is a float
+            try: out[key] = yaml_load(val) if val != "" else ""
+            except (yaml.YAMLError, ConfigError) as e:
+                raise ConfigError(f"command line: --{key} {val!r} is not a valid value ({' '.join(str(e).split())})") from None
     return config, out
 
 # keys whose values are text (names, paths): taken as typed, not read as YAML (null still means None)
