@@ -300,12 +300,12 @@ def format_bytes(n: float) -> str:
         if abs(n) < 1024 or unit == "GiB": return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
 
-def no_space(path, needed: int) -> NoSpaceError:
-    "The one-line error for a full disk under `path`: what was written, the space it needs and the space left."
+def no_space(path, needed: int, fix: str = "free some space there or write elsewhere") -> NoSpaceError:
+    "The one-line error for a full disk under `path`: what was written, the space it needs, the space left and `fix`."
     path = Path(path); folder = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(folder).free
     return NoSpaceError(f"no space left on the device of {path}: writing it needs about {format_bytes(needed)} and "
-                        f"{format_bytes(free)} is free; free some space there or choose another output_dir")
+                        f"{format_bytes(free)} is free; {fix}")
 
 def write_atomic(path, text: str):
     """Write `text` to `path` through a temp file and a rename: a reader, or a resumed run, sees the old file or the new

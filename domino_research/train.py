@@ -5,21 +5,22 @@
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
 import dataclasses, functools, itertools, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
 import pyarrow.compute as pc, torch, torch.distributed as dist, yaml
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
-                                    format_bytes, is_disk_full, no_space, ranged, write_atomic)
+                                    is_disk_full, no_space, ranged, write_atomic)
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -32,14 +33,14 @@ from .data import ChatDataError, cached_chat_dataset, collate_chat
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'EVAL_METRICS', 'RECIPES',
-           'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
-           'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'EVAL_METRICS',
+           'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config',
+           'find_config', 'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
            'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
            'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'data_cache_dir',
-           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -243,8 +244,10 @@ def read_metrics(path) -> list[dict]:
 def _export_draft(draft, out: Path):
     "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp)
-    _fault_point("export-draft")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with _written_or_removed(tmp, _tensor_bytes(draft.state_dict()) + 2**20, out, RESUME_FIX):
+        draft.save_pretrained(tmp)
+        _fault_point("export-draft")
     if out.exists(): shutil.rmtree(out)
     os.replace(tmp, out)
 
@@ -272,21 +275,42 @@ def _set_rng_state(s: dict, generator: torch.Generator):
     generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
+def _tensor_bytes(obj) -> int:
+    "Bytes of every tensor in `obj` (nested dicts, lists, tuples): about what saving it takes on disk."
+    if torch.is_tensor(obj): return obj.numel() * obj.element_size()
+    if isinstance(obj, dict): return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)): return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+@contextmanager
+def _written_or_removed(tmp: Path, needed: int, target: Path, fix: str):
+    """Around writing the temp folder `tmp`: if the write fails or is interrupted, `tmp` goes (it is no checkpoint, and
+    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed."""
+    try: yield
+    except BaseException as e:
+        full = is_disk_full(e, tmp.parent, needed)          # asked before the cleanup frees the space again
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full: raise no_space(target, needed, fix) from None
+        raise
+
+RESUME_FIX = "free some space there, then continue with --resume latest (the checkpoints before it are intact)"
+
 def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
                     config: dict, keep: int = 2) -> Path:
     "Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`."
     ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
     final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
     for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
-    draft.save_pretrained(tmp / "draft")
-    (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
-    _fault_point(f"checkpoint-step-{step}")
     # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng},
-               tmp / "state.pt")
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
+    state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
+    with _written_or_removed(tmp, _tensor_bytes(draft.state_dict()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
+        draft.save_pretrained(tmp / "draft")
+        (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
+        _fault_point(f"checkpoint-step-{step}")
+        torch.save(state, tmp / "state.pt")
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
     _fault_point(f"checkpoint-written-{step}")
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
@@ -311,9 +335,11 @@ def checkpoint_damage(path) -> Optional[str]:
     return None
 
 def load_checkpoint_state(path) -> dict:
-    "`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed)."
+    """`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed).
+    Memory-mapped: a tensor is read from disk only when used, so a rank holds what it takes (its own RNG state, the
+    optimiser state as it is copied to its device), not a second copy of the whole file in host RAM."""
     f = Path(path) / "state.pt"
-    try: return torch.load(f, map_location="cpu", weights_only=True)
+    try: return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         raise ConfigError(f"resume: refusing {f}: it holds objects that are not plain tensors or numbers, and loading "
                           f"them could run code ({str(e).splitlines()[0][:160]}). Resume from a checkpoint you trust.") from None
@@ -334,7 +360,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
-RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
+RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts")
 
@@ -497,7 +523,8 @@ class TrainDFlashRecipe:
         cfg = self.cfg
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                                        mixed_precision="bf16" if torch.cuda.is_available() else "no",
-                                       log_with="wandb" if cfg.wandb_project else None)
+                                       log_with="wandb" if cfg.wandb_project else None,
+                                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.dist_timeout_minutes))])
         self._claim_run_dir()
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
@@ -581,17 +608,48 @@ def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
 
 @patch
 def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    cfg = self.cfg
+    """The checkpoint to resume, the same on every rank: rank 0 chooses it (in its view of `output_dir`) and sends its
+    name; each rank reads it; a rank that cannot stops every rank, in one line naming it (never a rank at step 0)."""
+    cfg, acc = self.cfg, self.accelerator
     if cfg.resume is None: return None
-    path = resume_checkpoint(cfg.run_dir, cfg.resume)
-    if path is None and _step_dirs(cfg.run_dir):       # every checkpoint damaged: never a silent restart over them
-        raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
-                          "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
-    if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
+    choice = [self._choose_checkpoint() if acc.is_main_process else None]
+    if acc.num_processes > 1: broadcast_object_list(choice, from_process=0)
+    error, where = choice[0]
+    if error: raise ConfigError(error)                 # rank 0's refusal, on every rank
+    if where is None: return None                      # `latest` with nothing saved yet: a fresh start under this name
+    path = cfg.run_dir / where if not Path(where).is_absolute() and cfg.resume == "latest" else Path(where)
+    try: state, error = self._read_checkpoint(path), None
+    except ConfigError as e: state, error = None, str(e)
+    errors = gather_object([error]) if acc.num_processes > 1 else [error]
+    if errors[0]: raise ConfigError(errors[0])         # rank 0 refused it: every rank did, or would, with that reason
+    for rank, e in enumerate(errors):
+        if e: raise ConfigError(f"resume: rank {rank} cannot read the checkpoint rank 0 resumes ({where} under its "
+                                f"output_dir {cfg.output_dir}): {e}. Every rank must see the same output_dir: put it on "
+                                "a filesystem all nodes share")
+    return {"path": path, **state}
+
+@patch
+def _choose_checkpoint(self: TrainDFlashRecipe) -> tuple[Optional[str], Optional[str]]:
+    "(refusal, checkpoint): `latest` as a path inside the run folder, so each rank finds it in its own view of output_dir."
+    cfg = self.cfg
+    try:
+        path = resume_checkpoint(cfg.run_dir, cfg.resume)
+        if path is None and _step_dirs(cfg.run_dir):   # every checkpoint damaged: never a silent restart over them
+            raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
+                              "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
+    except ConfigError as e: return str(e), None
+    if path is None: return None, None
+    return None, str(path.relative_to(cfg.run_dir) if cfg.resume == "latest" else path)
+
+@patch
+def _read_checkpoint(self: TrainDFlashRecipe, path: Path) -> dict:
+    "Check the checkpoint at `path` against this run (contract, settings, batch) and map its state."
+    if not (path / "state.pt").is_file(): raise ConfigError(f"{path / 'state.pt'} does not exist here")
+    if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
     check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
     state = load_checkpoint_state(path)
     check_resumed_config(path, self.cfg, state["loop"], self.accelerator.num_processes)
-    return {"path": path, **state}
+    return state
 
 def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
     "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
@@ -914,6 +972,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
                               cfg.micro_batch_size, pad=True, start=position)
         start, offset, loader = position, 0, iter(self._train_loader(batches))   # offset: micro-batches of `batches` done
         while offset < len(batches) and step < self.total_steps:
+            self.stage = f"training (optimiser step {step + 1})"
             window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
             offset += len(window)
             position = start + offset * cfg.micro_batch_size * acc.num_processes   # every rank took as many
@@ -928,6 +987,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
             bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                             **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
             if cfg.save_every_steps and step % cfg.save_every_steps == 0:
+                self.stage = f"saving checkpoint step-{step}"
                 self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, position)))
         if offset >= len(batches):
             epoch, position = epoch + 1, 0
@@ -937,9 +997,12 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     if step == 0:
         raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
                           f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
+    self.stage = "validating at the end"
     final = {"step": step, **self.evaluate()}
-    self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
+    self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)   # `_restore` drops it: one final row per step
+    self.stage = f"saving checkpoint step-{step}"
     self._save(run_dir, step, epoch, position)
+    self.stage = f"exporting the draft to {run_dir / 'draft'}"
     if acc.is_main_process:
         _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft")
         _write_json(run_dir / "summary.json", final)
@@ -949,7 +1012,12 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
     if self.accelerator.is_main_process:
-        with open(metrics_file, "a") as f: f.write(dumps_strict(stats) + "\n")
+        line = dumps_strict(stats) + "\n"
+        try:
+            with open(metrics_file, "a") as f: f.write(line)
+        except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
+            if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
+            raise
     if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
 # %% ../nbs/34_train.ipynb #cd4f8b16
@@ -977,8 +1045,8 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     if rank < saved_world: _set_rng_state(s["rng"][rank], self.generator)   # a rank the checkpoint had: its own streams
     else: _set_rng_state({**s["rng"][0], "anchor_generator": self.generator.get_state()}, self.generator)   # a new rank: its fresh anchor stream
     step = self.saved_step = s["loop"]["step"]
-    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
-        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
+    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone, and the final row: the
+        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step and not r.get("final")]   # end writes it again
         write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
     moved = f" on {acc.num_processes} processes (it had {saved_world})" if saved_world != acc.num_processes else ""
     self.print(f"resumed from {s['path']} at step {step}{moved}, sample {position} of epoch {loop['epoch']}")
@@ -1025,6 +1093,18 @@ class TrainDominoRecipe(TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #a95b9e7a
 RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}
 
+class RunInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a run; the message says where it stopped and how to go on."
+
+@patch
+def interrupted_at(self: TrainDFlashRecipe) -> str:
+    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
+    run_dir, stage = self.cfg.run_dir, getattr(self, "stage", "setting up")
+    saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
+    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
+            "continue with the same command plus --resume latest")
+
 def main(config_path=None, **overrides) -> dict:
     "Train (and evaluate) a draft from a YAML config (path or shipped name) plus single-key overrides."
     cfg = load_train_config(config_path, **overrides)
@@ -1032,9 +1112,11 @@ def main(config_path=None, **overrides) -> dict:
     try:                                   # the run name stays locked until its evaluation is written too
         result = recipe.setup().run()
         if recipe.accelerator.is_main_process:
+            recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_run(cfg.run_dir)
             if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
             _print_summary(cfg, result)
+    except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
     finally: recipe.close()
     return result
 
@@ -1114,8 +1196,11 @@ def cli(argv=None):
         if config is None: raise ConfigError("command line: --config is required: a YAML file or one of the shipped "
                                              f"configs {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}")
         main(config, **overrides)
-    except (ConfigError, NoValidAnchorsError, NonFiniteLossError) as e:
+    except (ConfigError, NoValidAnchorsError, NonFiniteLossError, NoSpaceError) as e:
         print(f"error: {e}", file=sys.stderr); sys.exit(2)
+    except KeyboardInterrupt as e:         # Ctrl-C: where it stopped and how to go on, not a traceback
+        print(f"error: {e if isinstance(e, RunInterrupted) else 'interrupted before the run started'}", file=sys.stderr)
+        sys.exit(130)
 
 # %% ../nbs/34_train.ipynb #52d5139b
 #| eval: false
