@@ -950,6 +950,7 @@ def run(self: TrainDFlashRecipe) -> dict:
         acc.wait_for_everyone()
         return self._train(run_dir)
     except BaseException:
+        if getattr(self, "bar", None) is not None: self.bar.close()   # the error's line starts on a line of its own
         if acc.is_main_process and not list_checkpoints(run_dir):
             if self.replaced is not None: settle_run_dir(run_dir)     # puts the old run back
             elif created: shutil.rmtree(run_dir, ignore_errors=True)
@@ -965,7 +966,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     step, epoch, position = 0, 0, 0                    # optimiser steps done; epoch; samples of its order all ranks consumed
     metrics_file = run_dir / "metrics.jsonl"
     if self.start is not None: step, epoch, position = self._restore(metrics_file)
-    bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
+    self.bar = bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
     self.model.train()
     while step < self.total_steps and epoch < cfg.num_epochs:
         batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
