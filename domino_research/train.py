@@ -623,9 +623,8 @@ def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
     errors = gather_object([error]) if acc.num_processes > 1 else [error]
     if errors[0]: raise ConfigError(errors[0])         # rank 0 refused it: every rank did, or would, with that reason
     for rank, e in enumerate(errors):
-        if e: raise ConfigError(f"resume: rank {rank} cannot read the checkpoint rank 0 resumes ({where} under its "
-                                f"output_dir {cfg.output_dir}): {e}. Every rank must see the same output_dir: put it on "
-                                "a filesystem all nodes share")
+        if e: raise ConfigError(f"resume: rank {rank} cannot read the checkpoint rank 0 resumes ({where}): {e}. Every "
+                                "rank must see the same output_dir: put it on a filesystem all nodes share")
     return {"path": path, **state}
 
 @patch

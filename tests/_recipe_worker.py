@@ -1,10 +1,14 @@
 "Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write per-rank JSON."
-import json, sys
+import json, os, sys
 from pathlib import Path
 
 from domino_research.train import RECIPES, load_train_config
 
 mode, config_path, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+if mode == "cli":     # the training command line itself; RANK_OUTPUT_DIRS gives each rank its own output_dir (node-local folders)
+    from domino_research.train import cli
+    cli(["--config", config_path, "--output_dir", os.environ["RANK_OUTPUT_DIRS"].split(",")[int(os.environ.get("RANK", 0))]])
+    sys.exit(0)
 cfg = load_train_config(config_path)
 recipe = RECIPES[cfg.recipe](cfg).setup()
 rank = recipe.accelerator.process_index
