@@ -245,7 +245,7 @@ def _export_draft(draft, out: Path):
     "Save the draft to `out` through a temp folder, so `out` is either absent or complete, never half written."
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    with _written_or_removed(tmp, _tensor_bytes(draft.state_dict()) + 2**20, out, RESUME_FIX):
+    with _written_or_removed(tmp, lambda: _tensor_bytes(draft.state_dict()) + 2**20, out, RESUME_FIX):
         draft.save_pretrained(tmp)
         _fault_point("export-draft")
     if out.exists(): shutil.rmtree(out)
@@ -283,11 +283,13 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 @contextmanager
-def _written_or_removed(tmp: Path, needed: int, target: Path, fix: str):
+def _written_or_removed(tmp: Path, size, target: Path, fix: str):
     """Around writing the temp folder `tmp`: if the write fails or is interrupted, `tmp` goes (it is no checkpoint, and
-    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed."""
+    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed
+    (`size()`, counted only then)."""
     try: yield
     except BaseException as e:
+        needed = size()
         full = is_disk_full(e, tmp.parent, needed)          # asked before the cleanup frees the space again
         shutil.rmtree(tmp, ignore_errors=True)
         if full: raise no_space(target, needed, fix) from None
@@ -303,7 +305,7 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
     # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
     state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
-    with _written_or_removed(tmp, _tensor_bytes(draft.state_dict()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
+    with _written_or_removed(tmp, lambda: _tensor_bytes(draft.state_dict()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
         draft.save_pretrained(tmp / "draft")
         (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares

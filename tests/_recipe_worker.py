@@ -9,6 +9,14 @@ if mode == "cli":     # the training command line itself; RANK_OUTPUT_DIRS gives
     from domino_research.train import cli
     cli(["--config", config_path, "--output_dir", os.environ["RANK_OUTPUT_DIRS"].split(",")[int(os.environ.get("RANK", 0))]])
     sys.exit(0)
+if mode == "stall":   # rank 1 never reaches the first collective: rank 0 must give up after dist_timeout_minutes
+    import time
+    from domino_research.train import TrainDFlashRecipe
+    if os.environ.get("RANK") == "1": TrainDFlashRecipe._claim_run_dir = lambda self: time.sleep(600)
+    cfg, t0 = load_train_config(config_path), time.time()
+    try: RECIPES[cfg.recipe](cfg).setup()
+    except Exception as e: print(f"gave up after {time.time() - t0:.1f} s: {type(e).__name__}", flush=True); os._exit(3)
+    os._exit(0)
 cfg = load_train_config(config_path)
 recipe = RECIPES[cfg.recipe](cfg).setup()
 rank = recipe.accelerator.process_index

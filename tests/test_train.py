@@ -397,3 +397,15 @@ def test_resume_maps_state_instead_of_reading_it(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     grown = int(p.stdout.split()[-1])
     assert grown < 16 * 2 ** 20, f"peak RSS grew by {grown / 2 ** 20:.0f} MiB loading a 128 MiB state.pt"
+
+
+def test_dist_timeout_minutes_bounds_a_stalled_rank(tiny, tmp_path):
+    "Rank 1 never reaches the first barrier: with dist_timeout_minutes 0.1, rank 0 gives up in about 6 s, not the default's minutes."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "stall", "dist_timeout_minutes": 0.1,
+                                             "output_dir": str(tmp_path / "runs")})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(REPO / "tests" / "_recipe_worker.py"), "stall", cfg, str(tmp_path)]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    m = re.search(r"gave up after ([\d.]+) s", p.stdout + p.stderr)
+    assert p.returncode != 0 and m, (p.stdout[-2000:], p.stderr[-3000:])
+    assert 5 <= float(m.group(1)) < 60, m.group(0)
