@@ -335,9 +335,9 @@ def small_disk(tmp_path):
 
 
 def _fill(folder, leave: int = 0) -> Path:
-    "Fill the disk of `folder` up to `leave` free bytes with one file (returned, to free the space again)."
+    "Fill the disk of `folder` up to `leave` free bytes with a new file (returned, to free the space again)."
     import shutil
-    filler = Path(folder) / "filler.bin"
+    filler = Path(folder) / f"filler-{len(list(Path(folder).glob('filler-*')))}.bin"
     with open(filler, "wb") as f:
         try:
             while shutil.disk_usage(folder).free > leave: f.write(b"\0" * min(65536, shutil.disk_usage(folder).free - leave or 1)); f.flush()
@@ -367,10 +367,12 @@ def test_full_disk_at_save_and_resume_is_one_line(tiny, tmp_path, small_disk, ca
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]   # no .tmp-step-2
     _check_intact(run)
     monkeypatch.setattr(T, "save_checkpoint", real)
+    filler.append(_fill(small_disk, leave=0))                   # the removed temp folder's space taken too: nothing free
     code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])  # the same disk, still full
-    assert code == 2 and len(lines) == 1 and "no space left" in lines[0] and "Traceback" not in err, err[-3000:]
-    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
-    filler[0].unlink()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"no space left on the device of {run / 'config.yaml'}" in lines[0], lines
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]   # no empty .config.yaml.tmp
+    for f in filler: f.unlink()
     assert T.main(cfg, resume="latest")["step"] == 3              # space again: it finishes from step-1
     _check_intact(run)
 
