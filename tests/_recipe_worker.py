@@ -1,4 +1,5 @@
-"Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write per-rank JSON."
+"""Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write
+per-rank JSON. `cli`: the training command line, each rank with its own output_dir; `stall`: rank 1 never joins."""
 import json, os, sys
 from pathlib import Path
 
