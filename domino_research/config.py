@@ -10,6 +10,8 @@ import inspect
 import json
 import math
 import os
+import re
+import shutil
 import types
 import typing
 from dataclasses import dataclass
@@ -19,8 +21,9 @@ from typing import Any, Literal, Union
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'default_target_layer_ids', 'DFlashConfig', 'check_params',
-           'signature_defaults', 'looks_local', 'finite_or_none', 'write_atomic', 'dumps_strict']
+__all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'ranged', 'parse_range', 'in_range', 'check_ranges',
+           'default_target_layer_ids', 'DFlashConfig', 'check_params', 'signature_defaults', 'looks_local',
+           'finite_or_none', 'NoSpaceError', 'is_disk_full', 'format_bytes', 'no_space', 'write_atomic', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -121,7 +124,36 @@ def config_from_dict(cls, d: dict, where: str = "config"):
         raise ConfigError(f"{where}: missing required key {missing[0]!r} for {cls.__name__} "
                           f"(required: {', '.join(missing)}). Add it to {where}.")
     hints = typing.get_type_hints(cls)
-    return cls(**{k: _check_value(v, hints[k], k, where) for k, v in d.items()})
+    return check_ranges(cls(**{k: _check_value(v, hints[k], k, where) for k, v in d.items()}), where)
+
+# %% ../nbs/00_config.ipynb #5c1e0a02
+def ranged(default, spec: str, note: str = ""):
+    "A dataclass field with a default and its valid range (`'>= 1'`, `'> 0'`, `'[0, 1)'`); `note` ends the refusal, e.g. `or null for all rows`."
+    parse_range(spec)                                  # a typo in a range fails when the class is defined
+    return dataclasses.field(default=default, metadata={"range": spec, "range_note": note})
+
+def parse_range(spec: str) -> tuple:
+    "`spec` → (low, low included, high, high included); None for an open end."
+    if m := re.fullmatch(r"(>=?)\s*([-+.\w]+)", spec.strip()): return float(m[2]), m[1] == ">=", None, False
+    if m := re.fullmatch(r"([\[(])\s*([-+.\w]+)\s*,\s*([-+.\w]+)\s*([\])])", spec.strip()):
+        return float(m[2]), m[1] == "[", float(m[3]), m[4] == "]"
+    raise ValueError(f"not a range: {spec!r} (use '>= a', '> a' or an interval such as '[a, b)')")
+
+def in_range(value, spec: str) -> bool:
+    lo, lo_in, hi, hi_in = parse_range(spec)
+    if isinstance(value, float) and not math.isfinite(value): return False
+    return (value >= lo if lo_in else value > lo) and (hi is None or (value <= hi if hi_in else value < hi))
+
+def check_ranges(obj, where: str = "config"):
+    "`obj` (a dataclass instance), after refusing the first field whose value lies outside its `ranged` range."
+    for f in dataclasses.fields(obj):
+        spec, value = f.metadata.get("range"), getattr(obj, f.name)
+        if spec is None or value is None or isinstance(value, bool) or in_range(value, spec): continue
+        say = spec if spec.startswith(">") else f"in {spec}"
+        if isinstance(value, float): say = f"a finite number {say.removeprefix('in ')}" if spec.startswith(">") else f"a finite number in {spec}"
+        note = f", {f.metadata['range_note']}" if f.metadata.get("range_note") else ""
+        raise ConfigError(f"{f.name}: must be {say}{note} (got {value!r}); fix {f.name!r} in {where}")
+    return obj
 
 # %% ../nbs/00_config.ipynb #2a3f7474
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -249,10 +281,41 @@ def finite_or_none(obj):
     if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
     return obj
 
+class NoSpaceError(RuntimeError):
+    "A write failed because its disk is full; the message names the path, the space needed and the space free."
+
+def is_disk_full(err: BaseException, folder=None, needed: int = 0) -> bool:
+    "Whether `err` is a full disk: `OSError` ENOSPC/EDQUOT, or the same failure as safetensors' and torch's writers word it."
+    import errno
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT): return True
+    if any(s in str(err) for s in ("No space left on device", "Disk quota exceeded", "os error 28")): return True  # safetensors
+    # torch's zip writer loses the errno ("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"): a
+    # failed write with less space left than it needed is the full disk it almost surely is (asked before the cleanup)
+    if folder is not None and isinstance(err, RuntimeError) and "inline_container" in str(err):
+        return shutil.disk_usage(folder).free < needed
+    return False
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB": return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+def no_space(path, needed: int, fix: str = "free some space there or write elsewhere") -> NoSpaceError:
+    "The one-line error for a full disk under `path`: what was written, the space it needs, the space left and `fix`."
+    path = Path(path); folder = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(folder).free
+    return NoSpaceError(f"no space left on the device of {path}: writing it needs about {format_bytes(needed)} and "
+                        f"{format_bytes(free)} is free; {fix}")
+
 def write_atomic(path, text: str):
-    "Write `text` to `path` through a temp file and a rename: a reader, or a resumed run, sees the old file or the new one."
+    """Write `text` to `path` through a temp file and a rename: a reader, or a resumed run, sees the old file or the new
+    one. A failed write leaves no temp file behind; a full disk is a `NoSpaceError` naming the path."""
     path = Path(path); tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8"); os.replace(tmp, path)
+    try: tmp.write_text(text, encoding="utf-8"); os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e): raise no_space(path, len(text.encode())) from None
+        raise
 
 def dumps_strict(obj, **kw) -> str:
     "`json.dumps` that never writes NaN or Infinity: undefined numbers become null."

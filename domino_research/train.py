@@ -7,18 +7,20 @@ from __future__ import annotations
 import dataclasses, functools, itertools, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
 import pyarrow.compute as pc, torch, torch.distributed as dist, yaml
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, config_from_dict, dumps_strict, write_atomic
+from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
+                                    is_disk_full, no_space, ranged, write_atomic)
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -31,14 +33,14 @@ from .data import ChatDataError, cached_chat_dataset, collate_chat
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUMABLE_KEYS', 'EVAL_METRICS', 'RECIPES',
-           'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
-           'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'EVAL_METRICS',
+           'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config',
+           'find_config', 'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
            'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
            'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'data_cache_dir',
-           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'main', 'plot_run', 'cli']
+           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -49,52 +51,53 @@ class DFlashTrainConfig:
     train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
     eval_data: Optional[str] = "embedded:validation"  # None disables validation
     enable_thinking: bool = False              # chat template thinking mode (must match evaluation)
-    seq_length: int = 3072                     # tokens per sample after truncation
-    max_train_samples: Optional[int] = None    # cap on training rows (None = all)
-    max_eval_samples: Optional[int] = None     # cap on validation rows
+    seq_length: int = ranged(3072, ">= 1")  # tokens per sample after truncation
+    max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (None = all)
+    max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows
     packing: bool = False                      # several conversations per row, kept apart (notebook 15)
     data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
-    data_num_proc: Optional[int] = None        # processes that tokenise a new cache (None = min(8, CPU count))
-    dataloader_num_workers: int = 0            # DataLoader worker processes reading and collating micro-batches
+    data_num_proc: Optional[int] = ranged(None, ">= 1", "or null for min(8, CPU count)")  # processes that tokenise a new cache (None = min(8, CPU count))
+    dataloader_num_workers: int = ranged(0, ">= 0", "0 reads batches in the training process")  # DataLoader worker processes reading and collating micro-batches
     # -- draft
-    draft_num_hidden_layers: int = 5
-    draft_intermediate_size: Optional[int] = None  # MLP width of each draft layer (None = the target's)
+    draft_num_hidden_layers: int = ranged(5, ">= 1")
+    draft_intermediate_size: Optional[int] = ranged(None, ">= 1", "or null for the target's")  # MLP width of each draft layer (None = the target's)
     target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
-    block_size: int = 16
-    mask_token_id: Optional[int] = None        # required: a reserved row of the target's embedding table
+    block_size: int = ranged(16, ">= 2")
+    mask_token_id: Optional[int] = ranged(None, ">= 0")  # required: a reserved row of the target's embedding table
     shift_label: bool = False                  # DFlash convention: slot k predicts x[a+k]
-    num_anchors: int = 512                     # blocks sampled per sample
-    loss_decay_gamma: Optional[float] = 7.0    # None = no decay over slots
+    num_anchors: int = ranged(512, ">= 1")  # blocks sampled per sample
+    loss_decay_gamma: Optional[float] = ranged(7.0, "> 0", "or null for no decay")  # None = no decay over slots
     attention_backend: str = "sdpa"            # "sdpa" | "flex_attention" (CUDA only)
     gradient_checkpointing: bool = False       # recompute the draft layers in backward: less activation memory, more compute
     # -- optimisation
-    micro_batch_size: int = 1
-    grad_accumulation_steps: int = 1
-    num_epochs: int = 1
-    max_steps: Optional[int] = None            # cap on optimiser steps (None = num_epochs worth)
-    learning_rate: float = 6e-4
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.04
-    min_lr_ratio: float = 0.1                  # cosine floor as a fraction of learning_rate
-    max_grad_norm: float = 1.0
-    seed: int = 0
+    micro_batch_size: int = ranged(1, ">= 1")
+    grad_accumulation_steps: int = ranged(1, ">= 1")
+    num_epochs: int = ranged(1, ">= 1")
+    max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps (None = num_epochs worth)
+    learning_rate: float = ranged(6e-4, "> 0")
+    adam_beta1: float = ranged(0.9, "[0, 1)")
+    adam_beta2: float = ranged(0.95, "[0, 1)")
+    weight_decay: float = ranged(0.0, ">= 0")
+    warmup_ratio: float = ranged(0.04, "[0, 1)")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # cosine floor as a fraction of learning_rate
+    max_grad_norm: float = ranged(1.0, "> 0")
+    seed: int = ranged(0, "[0, 4294967295]")
     # -- runtime
     shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
     shard_draft: bool = False                  # FSDP2-shard the draft's weights, gradients and AdamW states across ranks (else DDP replicas)
     on_nonfinite: str = "stop"                 # "stop" | "skip" a window whose loss is NaN/inf
+    dist_timeout_minutes: float = ranged(30.0, "> 0")  # how long a rank waits in a collective for the others before failing
     # -- validation, checkpoints, logging
-    eval_every_steps: Optional[int] = None     # also validates at the end of every epoch
-    save_every_steps: Optional[int] = None     # None = only at the end
-    keep_checkpoints: int = 2
+    eval_every_steps: Optional[int] = ranged(None, ">= 1", "or null for every epoch only")  # also validates at the end of every epoch
+    save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # None = only at the end
+    keep_checkpoints: int = ranged(2, ">= 1")
     output_dir: str = "runs"
     run_name: str = "run"
     resume: Optional[str] = None               # "latest" or a checkpoint dir
     overwrite: bool = False                    # allow reusing an existing run dir without resume
     wandb_project: Optional[str] = None        # log through accelerate's wandb tracker when set
-    decode_eval_prompts: int = 0               # >0: speculative-decoding evaluation on that many test prompts at the end
-    decode_max_new_tokens: int = 128
+    decode_eval_prompts: int = ranged(0, ">= 0")  # >0: speculative-decoding evaluation on that many test prompts at the end
+    decode_max_new_tokens: int = ranged(128, ">= 1")
     decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
 
     @property
@@ -103,13 +106,13 @@ class DFlashTrainConfig:
 @dataclass
 class DominoTrainConfig(DFlashTrainConfig):
     recipe: str = "domino"
-    num_anchors: int = 256
+    num_anchors: int = ranged(256, ">= 1")
     shift_label: bool = True                   # Domino recipe: slot k predicts x[a+1+k]
-    emb_dim: int = 256                         # E, rank of the logit correction
-    gru_hidden_dim: int = 1024                 # G, width of the prefix GRU
-    pure_draft_prefix_len: int = 1             # first p slots keep uncorrected base logits
-    lambda_base_start: float = 1.0             # λ0 of the base-loss curriculum
-    lambda_base_decay_ratio: float = 0.5       # λ reaches 0 after this fraction of optimiser steps
+    emb_dim: int = ranged(256, ">= 1")  # E, rank of the logit correction
+    gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of the prefix GRU
+    pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
+    lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
+    lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
 
 # %% ../nbs/34_train.ipynb #d1d2d452
 import domino_research
@@ -130,37 +133,21 @@ def check_run_name(name) -> str:
     return name
 
 def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
-    "Checks on values that need no model; each error names its key."
+    "Checks on values that need no model; each error names its key. Each number's range is its field's (`ranged`)."
+    check_ranges(cfg)                                  # also for a config built in code rather than read
     check_run_name(cfg.run_name)
     _check(not (cfg.overwrite and cfg.resume == "latest"), "overwrite",
            "cannot be combined with resume=latest: resume continues the run, overwrite replaces it; pass one of them")
-    _check(cfg.block_size >= 2, "block_size", f"must be >= 2 (got {cfg.block_size})")
     _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
     _check(cfg.mask_token_id is not None, "mask_token_id", "is required (a reserved token id of the target, e.g. 151669 for Qwen3)")
-    for k in ("seq_length", "draft_num_hidden_layers", "num_anchors", "micro_batch_size", "grad_accumulation_steps",
-              "num_epochs", "keep_checkpoints"):
-        _check(getattr(cfg, k) >= 1, k, f"must be >= 1 (got {getattr(cfg, k)})")
-    _check(cfg.draft_intermediate_size is None or cfg.draft_intermediate_size >= 1, "draft_intermediate_size",
-           f"must be >= 1 or null for the target's (got {cfg.draft_intermediate_size})")
     _check(cfg.seq_length > cfg.block_size, "seq_length", f"must exceed block_size={cfg.block_size} (got {cfg.seq_length})")
-    _check(cfg.max_steps is None or cfg.max_steps >= 1, "max_steps", f"must be >= 1 or null (got {cfg.max_steps})")
-    for k in ("max_train_samples", "max_eval_samples"):     # 0 would silently mean "no rows", not "all rows"
-        _check(getattr(cfg, k) is None or getattr(cfg, k) >= 1, k, f"must be >= 1, or null for all rows (got {getattr(cfg, k)})")
-    _check(cfg.data_num_proc is None or cfg.data_num_proc >= 1, "data_num_proc", f"must be >= 1, or null for min(8, CPU count) (got {cfg.data_num_proc})")
-    _check(cfg.dataloader_num_workers >= 0, "dataloader_num_workers", f"must be >= 0 (0 reads batches in the training process; got {cfg.dataloader_num_workers})")
-    _check(cfg.learning_rate > 0, "learning_rate", f"must be > 0 (got {cfg.learning_rate})")
-    _check(0 <= cfg.warmup_ratio < 1, "warmup_ratio", f"must be in [0, 1) (got {cfg.warmup_ratio})")
     _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
            f"must be 'sdpa' or 'flex_attention' (got {cfg.attention_backend!r})")
     _check(cfg.attention_backend == "sdpa" or torch.cuda.is_available(), "attention_backend",
            "flex_attention has no backward on CPU; use 'sdpa' on CPU")
     _check(cfg.on_nonfinite in ("stop", "skip"), "on_nonfinite", f"must be 'stop' or 'skip' (got {cfg.on_nonfinite!r})")
-    _check(cfg.loss_decay_gamma is None or cfg.loss_decay_gamma > 0, "loss_decay_gamma", f"must be > 0 or null (got {cfg.loss_decay_gamma})")
     _check(cfg.decode_eval_prompts == 0 or cfg.decode_prompts is not None or cfg.target == "embedded", "decode_prompts",
            "is required when decode_eval_prompts > 0 with a target other than the embedded one (a prompts JSONL)")
-    if isinstance(cfg, DominoTrainConfig):
-        _check(0 <= cfg.lambda_base_start <= 1, "lambda_base_start", f"must be in [0, 1] (got {cfg.lambda_base_start})")
-        _check(cfg.lambda_base_decay_ratio >= 0, "lambda_base_decay_ratio", f"must be >= 0 (got {cfg.lambda_base_decay_ratio})")
     return cfg
 
 # %% ../nbs/34_train.ipynb #b9561fb0
@@ -177,7 +164,19 @@ def find_config(name_or_path) -> Path:
     return shipped
 
 class Yaml12Loader(yaml.SafeLoader):
-    "PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`)."
+    """PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`), and
+    refusing a key written twice in one mapping (PyYAML keeps the last silently: an edit that looked applied was not)."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge": continue      # `<<: *base` then a key: an intended override
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try: seen = key in first
+            except TypeError: continue                                  # an unhashable key: PyYAML's own error follows
+            if seen: raise ConfigError(f"duplicate key {key!r} on lines {first[key]} and {line}: keep one of them")
+            first[key] = line
+        return super().construct_mapping(node, deep)
 
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
@@ -193,6 +192,7 @@ def load_train_config(config=None, **overrides) -> DFlashTrainConfig:
         path = find_config(config); where = str(path)
         try: raw = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        except ConfigError as e: raise ConfigError(f"{path}: {e}") from None      # a duplicate key: the file, then its lines
         if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
     recipe = {**raw, **overrides}.get("recipe", "dflash")
     if recipe not in RECIPE_CONFIGS:
@@ -245,8 +245,11 @@ def read_metrics(path) -> list[dict]:
 def _export_draft(draft, out: Path, state_dict: Optional[dict] = None):
     "Save the draft (weights: `state_dict` if given) to `out` through a temp folder: `out` is absent or complete, never half written."
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True); draft.save_pretrained(tmp, state_dict=state_dict)
-    _fault_point("export-draft")
+    shutil.rmtree(tmp, ignore_errors=True)
+    size = lambda: _tensor_bytes(draft.state_dict() if state_dict is None else state_dict) + 2**20
+    with _written_or_removed(tmp, size, out, RESUME_FIX):
+        draft.save_pretrained(tmp, state_dict=state_dict)
+        _fault_point("export-draft")
     if out.exists(): shutil.rmtree(out)
     os.replace(tmp, out)
 
@@ -274,6 +277,28 @@ def _set_rng_state(s: dict, generator: torch.Generator):
     generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
     if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
 
+def _tensor_bytes(obj) -> int:
+    "Bytes of every tensor in `obj` (nested dicts, lists, tuples): about what saving it takes on disk."
+    if torch.is_tensor(obj): return obj.numel() * obj.element_size()
+    if isinstance(obj, dict): return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)): return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+@contextmanager
+def _written_or_removed(tmp: Path, size, target: Path, fix: str):
+    """Around writing the temp folder `tmp`: if the write fails or is interrupted, `tmp` goes (it is no checkpoint, and
+    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed
+    (`size()`, counted only then)."""
+    try: yield
+    except BaseException as e:
+        needed = size()
+        full = is_disk_full(e, tmp.parent, needed)          # asked before the cleanup frees the space again
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full: raise no_space(target, needed, fix) from None
+        raise
+
+RESUME_FIX = "free some space there, then continue with --resume latest (the checkpoints before it are intact)"
+
 def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
                     config: dict, keep: int = 2, draft_state: Optional[dict] = None) -> Path:
     """Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`. `optimizer` is an
@@ -281,16 +306,18 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
     final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
     for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
-    draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
-    (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
-    _fault_point(f"checkpoint-step-{step}")
     # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
     optim = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
-    torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng},
-               tmp / "state.pt")
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
+    state = {"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
+    weights = draft.state_dict() if draft_state is None else draft_state
+    with _written_or_removed(tmp, lambda: _tensor_bytes(weights) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
+        draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
+        (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
+        _fault_point(f"checkpoint-step-{step}")
+        torch.save(state, tmp / "state.pt")
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
     _fault_point(f"checkpoint-written-{step}")
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
@@ -315,9 +342,11 @@ def checkpoint_damage(path) -> Optional[str]:
     return None
 
 def load_checkpoint_state(path) -> dict:
-    "`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed)."
+    """`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed).
+    Memory-mapped: a tensor is read from disk only when used, so a rank holds what it takes (its own RNG state, the
+    optimiser state as it is copied to its device), not a second copy of the whole file in host RAM."""
     f = Path(path) / "state.pt"
-    try: return torch.load(f, map_location="cpu", weights_only=True)
+    try: return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         raise ConfigError(f"resume: refusing {f}: it holds objects that are not plain tensors or numbers, and loading "
                           f"them could run code ({str(e).splitlines()[0][:160]}). Resume from a checkpoint you trust.") from None
@@ -338,7 +367,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
         warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
     return None
 
-RESUMABLE_KEYS = ("resume", "overwrite", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
+RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts", "shard_target", "shard_draft")   # sharding: how, not what, is trained
 
@@ -503,7 +532,8 @@ class TrainDFlashRecipe:
                                        mixed_precision="bf16" if torch.cuda.is_available() else "no",
                                        log_with="wandb" if cfg.wandb_project else None,
                                        # DDP's gradients are views into its all-reduce buckets: one copy of them, not two
-                                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])
+                                       kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+                                                        InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.dist_timeout_minutes))])
         self._check_sharding()
         self._claim_run_dir()
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
@@ -590,17 +620,47 @@ def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
 
 @patch
 def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    cfg = self.cfg
+    """The checkpoint to resume, the same on every rank: rank 0 chooses it (in its view of `output_dir`) and sends its
+    name; each rank reads it; a rank that cannot stops every rank, in one line naming it (never a rank at step 0)."""
+    cfg, acc = self.cfg, self.accelerator
     if cfg.resume is None: return None
-    path = resume_checkpoint(cfg.run_dir, cfg.resume)
-    if path is None and _step_dirs(cfg.run_dir):       # every checkpoint damaged: never a silent restart over them
-        raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
-                          "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
-    if path is None: return None                       # `latest` with nothing saved yet: a fresh start under this name
+    choice = [self._choose_checkpoint() if acc.is_main_process else None]
+    if acc.num_processes > 1: broadcast_object_list(choice, from_process=0)
+    error, where = choice[0]
+    if error: raise ConfigError(error)                 # rank 0's refusal, on every rank
+    if where is None: return None                      # `latest` with nothing saved yet: a fresh start under this name
+    path = cfg.run_dir / where if not Path(where).is_absolute() and cfg.resume == "latest" else Path(where)
+    try: state, error = self._read_checkpoint(path), None
+    except ConfigError as e: state, error = None, str(e)
+    errors = gather_object([error]) if acc.num_processes > 1 else [error]
+    if errors[0]: raise ConfigError(errors[0])         # rank 0 refused it: every rank did, or would, with that reason
+    for rank, e in enumerate(errors):
+        if e: raise ConfigError(f"resume: rank {rank} cannot read the checkpoint rank 0 resumes ({where}): {e}. Every "
+                                "rank must see the same output_dir: put it on a filesystem all nodes share")
+    return {"path": path, **state}
+
+@patch
+def _choose_checkpoint(self: TrainDFlashRecipe) -> tuple[Optional[str], Optional[str]]:
+    "(refusal, checkpoint): `latest` as a path inside the run folder, so each rank finds it in its own view of output_dir."
+    cfg = self.cfg
+    try:
+        path = resume_checkpoint(cfg.run_dir, cfg.resume)
+        if path is None and _step_dirs(cfg.run_dir):   # every checkpoint damaged: never a silent restart over them
+            raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
+                              "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
+    except ConfigError as e: return str(e), None
+    if path is None: return None, None
+    return None, str(path.relative_to(cfg.run_dir) if cfg.resume == "latest" else path)
+
+@patch
+def _read_checkpoint(self: TrainDFlashRecipe, path: Path) -> dict:
+    "Check the checkpoint at `path` against this run (contract, settings, batch) and map its state."
+    if not (path / "state.pt").is_file(): raise ConfigError(f"{path / 'state.pt'} does not exist here")
+    if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
     check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
     state = load_checkpoint_state(path)
     check_resumed_config(path, self.cfg, state["loop"], self.accelerator.num_processes)
-    return {"path": path, **state}
+    return state
 
 def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
     "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
@@ -1002,6 +1062,7 @@ def run(self: TrainDFlashRecipe) -> dict:
         acc.wait_for_everyone()
         return self._train(run_dir)
     except BaseException:
+        if getattr(self, "bar", None) is not None: self.bar.close()   # the error's line starts on a line of its own
         if acc.is_main_process and not list_checkpoints(run_dir):
             if self.replaced is not None: settle_run_dir(run_dir)     # puts the old run back
             elif created: shutil.rmtree(run_dir, ignore_errors=True)
@@ -1017,13 +1078,14 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     step, epoch, position = 0, 0, 0                    # optimiser steps done; epoch; samples of its order all ranks consumed
     metrics_file = run_dir / "metrics.jsonl"
     if self.start is not None: step, epoch, position = self._restore(metrics_file)
-    bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
+    self.bar = bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
     self.model.train()
     while step < self.total_steps and epoch < cfg.num_epochs:
         batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
                               cfg.micro_batch_size, pad=True, start=position)
         start, offset, loader = position, 0, iter(self._train_loader(batches))   # offset: micro-batches of `batches` done
         while offset < len(batches) and step < self.total_steps:
+            self.stage = f"training (optimiser step {step + 1})"
             window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
             offset += len(window)
             position = start + offset * cfg.micro_batch_size * acc.num_processes   # every rank took as many
@@ -1038,6 +1100,7 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
             bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                             **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
             if cfg.save_every_steps and step % cfg.save_every_steps == 0:
+                self.stage = f"saving checkpoint step-{step}"
                 self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, position)))
         if offset >= len(batches):
             epoch, position = epoch + 1, 0
@@ -1047,10 +1110,13 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
     if step == 0:
         raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
                           f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
+    self.stage = "validating at the end"
     final = {"step": step, **self.evaluate()}
-    self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)
+    self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)   # `_restore` drops it: one final row per step
+    self.stage = f"saving checkpoint step-{step}"
     self._save(run_dir, step, epoch, position)
     draft_state = self._full_draft_state()             # collective when the draft is sharded
+    self.stage = f"exporting the draft to {run_dir / 'draft'}"
     if acc.is_main_process:
         _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft", draft_state)
         _write_json(run_dir / "summary.json", final)
@@ -1060,7 +1126,12 @@ def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
     if self.accelerator.is_main_process:
-        with open(metrics_file, "a") as f: f.write(dumps_strict(stats) + "\n")
+        line = dumps_strict(stats) + "\n"
+        try:
+            with open(metrics_file, "a") as f: f.write(line)
+        except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
+            if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
+            raise
     if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
 # %% ../nbs/34_train.ipynb #cd4f8b16
@@ -1089,8 +1160,8 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     if rank < saved_world: _set_rng_state(s["rng"][rank], self.generator)   # a rank the checkpoint had: its own streams
     else: _set_rng_state({**s["rng"][0], "anchor_generator": self.generator.get_state()}, self.generator)   # a new rank: its fresh anchor stream
     step = self.saved_step = s["loop"]["step"]
-    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone
-        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step]
+    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone, and the final row: the
+        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step and not r.get("final")]   # end writes it again
         write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
     moved = f" on {acc.num_processes} processes (it had {saved_world})" if saved_world != acc.num_processes else ""
     self.print(f"resumed from {s['path']} at step {step}{moved}, sample {position} of epoch {loop['epoch']}")
@@ -1137,6 +1208,18 @@ class TrainDominoRecipe(TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #a95b9e7a
 RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}
 
+class RunInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a run; the message says where it stopped and how to go on."
+
+@patch
+def interrupted_at(self: TrainDFlashRecipe) -> str:
+    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
+    run_dir, stage = self.cfg.run_dir, getattr(self, "stage", "setting up")
+    saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
+    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
+            "continue with the same command plus --resume latest")
+
 def main(config_path=None, **overrides) -> dict:
     "Train (and evaluate) a draft from a YAML config (path or shipped name) plus single-key overrides."
     cfg = load_train_config(config_path, **overrides)
@@ -1144,9 +1227,11 @@ def main(config_path=None, **overrides) -> dict:
     try:                                   # the run name stays locked until its evaluation is written too
         result = recipe.setup().run()
         if recipe.accelerator.is_main_process:
+            recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_run(cfg.run_dir)
             if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
             _print_summary(cfg, result)
+    except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
     finally: recipe.close()
     return result
 
@@ -1206,7 +1291,10 @@ def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
         i += 1
         if key == "config": config = val
         elif key in _STR_KEYS: out[key] = None if val == "null" else val   # text as typed: 001, 2026-12-03, ~ stay text
-        else: out[key] = yaml_load(val) if val != "" else ""   # YAML 1.2 numbers: --learning_rate 1e-3 is a float
+        else:                                         # YAML 1.2 numbers: --learning_rate 1e-3 is a float
+            try: out[key] = yaml_load(val) if val != "" else ""
+            except (yaml.YAMLError, ConfigError) as e:
+                raise ConfigError(f"command line: --{key} {val!r} is not a valid value ({' '.join(str(e).split())})") from None
     return config, out
 
 # keys whose values are text (names, paths): taken as typed, not read as YAML (null still means None)
@@ -1223,8 +1311,11 @@ def cli(argv=None):
         if config is None: raise ConfigError("command line: --config is required: a YAML file or one of the shipped "
                                              f"configs {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}")
         main(config, **overrides)
-    except (ConfigError, NoValidAnchorsError, NonFiniteLossError) as e:
+    except (ConfigError, NoValidAnchorsError, NonFiniteLossError, NoSpaceError) as e:
         print(f"error: {e}", file=sys.stderr); sys.exit(2)
+    except KeyboardInterrupt as e:         # Ctrl-C: where it stopped and how to go on, not a traceback
+        print(f"error: {e if isinstance(e, RunInterrupted) else 'interrupted before the run started'}", file=sys.stderr)
+        sys.exit(130)
 
 # %% ../nbs/34_train.ipynb #52d5139b
 #| eval: false

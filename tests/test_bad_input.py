@@ -149,3 +149,63 @@ def test_command_line_text_keys_stay_text():
     _, o = _parse_overrides(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
                              "--learning_rate", "1e-3", "--run_name=2026-12-03"])
     assert o == {"run_name": "2026-12-03", "output_dir": "~", "eval_data": None, "max_steps": 3, "learning_rate": 1e-3}
+
+
+# ------------------------------------------------------------------ values the training cannot use (in-process: no model loads)
+def _train_cli_error(capsys, *argv) -> str:
+    "The one `error:` line (exit 2, no traceback) that the training command line, run in this process, prints."
+    from domino_research.train import cli
+    with pytest.raises(SystemExit) as e: cli([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert e.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("max_grad_norm", "-1.0", "must be a finite number > 0"),      # clip_grad_norm_ with a negative norm flips the gradient
+    ("min_lr_ratio", "-5.0", "must be a finite number in [0, 1]"),  # the cosine floor below 0: lr 0.0
+    ("save_every_steps", "-1", "must be >= 1, or null"),           # -1 saved every step
+    ("adam_beta1", "2.0", "must be a finite number in [0, 1)"),
+    ("weight_decay", "-1", "must be a finite number >= 0"),
+    ("seed", "-1", "must be in [0, 4294967295]"),
+    ("learning_rate", ".inf", "must be a finite number > 0"),
+])
+def test_train_value_out_of_range_is_one_line(tiny, tmp_path, capsys, key, value, says):
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs")})
+    err = _train_cli_error(capsys, "--config", cfg, f"--{key}", value)
+    assert f"{key}: {says}" in err and "command line" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_numeric_key_has_a_range_checked_when_read(tiny, tmp_path):
+    "Walks every numeric field of both recipes: each declares a range, and a value just outside it, in a YAML file, is refused naming the key and the file."
+    import dataclasses, typing
+    from domino_research.config import ConfigError, parse_range
+    from domino_research.train import RECIPE_CONFIGS, load_train_config
+    checked = 0
+    for cls in RECIPE_CONFIGS.values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kinds = set(typing.get_args(hints[f.name]) or [hints[f.name]]) - {type(None)}
+            if not kinds <= {int, float}: continue
+            assert "range" in f.metadata, f"{cls.__name__}.{f.name} holds a number but declares no range (ranged(default, spec))"
+            lo, lo_in, _, _ = parse_range(f.metadata["range"])
+            bad = (lo - 1 if lo_in else lo) if float in kinds else int(lo - 1 if lo_in else lo)
+            base = {k: v for k, v in tiny["base"].items() if k in {g.name for g in dataclasses.fields(cls)}}
+            cfg = write_config(tmp_path / "c.yaml", {**base, "recipe": cls().recipe, f.name: bad})
+            with pytest.raises(ConfigError) as e: load_train_config(cfg)
+            assert str(e.value).startswith(f"{f.name}: must be") and "c.yaml" in str(e.value), str(e.value)
+            checked += 1
+    assert checked >= 60                                           # 33 DFlash keys + the Domino recipe's
+
+
+def test_duplicate_yaml_key_is_refused_with_both_lines(tiny, tmp_path, capsys):
+    "PyYAML keeps the last of two equal keys silently: the first edit looked applied and was not."
+    cfg = tmp_path / "c.yaml"
+    write_config(cfg, {**tiny["base"], "output_dir": str(tmp_path / "runs")})
+    cfg.write_text(cfg.read_text() + "learning_rate: 0.01\n")      # learning_rate is already on line 15
+    line = 1 + next(i for i, l in enumerate(cfg.read_text().splitlines()) if l.startswith("learning_rate"))
+    n = len(cfg.read_text().splitlines())
+    err = _train_cli_error(capsys, "--config", cfg)
+    assert f"{cfg}: duplicate key 'learning_rate' on lines {line} and {n}" in err, err

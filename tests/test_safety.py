@@ -313,3 +313,95 @@ def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path):
     one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--decode_eval_prompts", "2",
                              "--decode_prompts", str(tmp_path / "typo.jsonl")), "decode_prompts", "typo.jsonl")
     assert snapshot(tmp_path) == before                            # the old run was not replaced by a doomed one
+
+
+# ------------------------------------------------------------------ faults that end in one line (in-process: `cli` as the user runs it)
+def cli_lines(capsys, argv) -> tuple[int, str, list[str]]:
+    "Run the training command line in this process: (exit status, stderr, its `error:` lines)."
+    from domino_research.train import cli
+    with pytest.raises(SystemExit) as e: cli([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return e.value.code, err, [l for l in err.splitlines() if l.startswith("error: ")]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    "A 4 MiB tmpfs: a disk that really fills up (needs root and mount; skipped where it cannot be made)."
+    mnt = tmp_path / "disk"; mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _fill(folder, leave: int = 0) -> Path:
+    "Fill the disk of `folder` up to `leave` free bytes with a new file (returned, to free the space again)."
+    import shutil
+    filler = Path(folder) / f"filler-{len(list(Path(folder).glob('filler-*')))}.bin"
+    with open(filler, "wb") as f:
+        try:
+            while shutil.disk_usage(folder).free > leave: f.write(b"\0" * min(65536, shutil.disk_usage(folder).free - leave or 1)); f.flush()
+        except OSError: pass                                     # full
+    return filler
+
+
+def test_full_disk_at_save_and_resume_is_one_line(tiny, tmp_path, small_disk, capsys, monkeypatch):
+    """The disk fills up just before the second checkpoint: one line naming the checkpoint and the space it needs, no
+    `.tmp-step-2` left, step-1 intact. A resume on the still-full disk: one line, no `.config.yaml.tmp`. With space
+    again, `--resume latest` finishes from step-1."""
+    import domino_research.train as T
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(small_disk), "run_name": "full", "max_steps": 3,
+                                             "save_every_steps": 1, "data_cache_dir": str(tmp_path / "cache")})
+    real, filler = T.save_checkpoint, []
+    def save_then_fill(run_dir, step, *a, **k):
+        if step == 2:         # room for the draft's weights but not for state.pt: torch's writer is the one that fails
+            draft = Path(run_dir) / "checkpoints" / "step-1" / "draft"
+            filler.append(_fill(small_disk, leave=sum(f.stat().st_size for f in draft.iterdir()) + 2 ** 16))
+        return real(run_dir, step, *a, **k)
+    monkeypatch.setattr(T, "save_checkpoint", save_then_fill)
+    code, err, lines = cli_lines(capsys, ["--config", cfg])
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    run = small_disk / "full"
+    assert f"no space left on the device of {run / 'checkpoints' / 'step-2'}" in lines[0] and "needs about" in lines[0], lines
+    assert "--resume latest" in lines[0]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]   # no .tmp-step-2
+    _check_intact(run)
+    monkeypatch.setattr(T, "save_checkpoint", real)
+    filler.append(_fill(small_disk, leave=0))                   # the removed temp folder's space taken too: nothing free
+    code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])  # the same disk, still full
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"no space left on the device of {run / 'config.yaml'}" in lines[0], lines
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]   # no empty .config.yaml.tmp
+    for f in filler: f.unlink()
+    assert T.main(cfg, resume="latest")["step"] == 3              # space again: it finishes from step-1
+    _check_intact(run)
+
+
+def test_ctrl_c_during_save_and_export_is_one_line_and_resumes(tiny, tmp_path, capsys, monkeypatch):
+    """A real SIGINT (Ctrl-C) while a checkpoint is being written, then while the draft is exported: each time one line
+    saying where it stopped and to continue with `--resume latest`, and no temp folder left. The run then finishes,
+    and resuming the finished run again adds no second final row to metrics.jsonl."""
+    import signal
+    import domino_research.train as T
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "int",
+                                             "max_steps": 2, "save_every_steps": 1})
+    run, real = tmp_path / "runs" / "int", T._fault_point
+    def ctrl_c_at(point): return lambda name: signal.raise_signal(signal.SIGINT) if name == point else None
+    monkeypatch.setattr(T, "_fault_point", ctrl_c_at("checkpoint-step-2"))
+    code, err, lines = cli_lines(capsys, ["--config", cfg])
+    assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "interrupted while saving checkpoint step-2" in lines[0] and str(run / "checkpoints" / "step-1") in lines[0]
+    assert "--resume latest" in lines[0]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]   # the half-written step-2 is gone
+    monkeypatch.setattr(T, "_fault_point", ctrl_c_at("export-draft"))
+    code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])
+    assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "interrupted while exporting the draft" in lines[0] and "step-2" in lines[0] and "--resume latest" in lines[0]
+    assert not (run / ".draft.tmp").exists() and not (run / "draft").exists()
+    monkeypatch.setattr(T, "_fault_point", real)
+    for _ in range(2):                                            # stopped during export, then finished: resume both
+        assert T.main(cfg, resume="latest")["step"] == 2
+        rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if r.get("final")] == [2], rows
+        assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    _check_intact(run)

@@ -356,3 +356,56 @@ def test_dataloader_workers_do_not_change_training(tiny, tmp_path):
                       "eval_data": None, "dataloader_num_workers": workers})
     a, b = _weights(tmp_path / "runs" / "w0"), _weights(tmp_path / "runs" / "w2")
     for k in a: assert torch.equal(a[k], b[k]), k
+
+
+# ------------------------------------------------------------------ several nodes
+def test_ranks_resume_rank0_checkpoint_or_all_stop(tiny, tmp_path):
+    """Two ranks with their own output_dir each (node-local folders): rank 0 finds checkpoint step-2, rank 1 has none
+    and would have started at step 0 with a fresh optimiser. Rank 0 decides for all, rank 1 cannot read it: every rank
+    stops with the same one line naming rank 1, and nothing is trained."""
+    from domino_research.train import main
+    base = {**tiny["base"], "run_name": "mn", "max_steps": 2, "save_every_steps": 1, "eval_data": None,
+            "data_cache_dir": str(tmp_path / "cache")}
+    # one process accumulating 2 micro-batches: the same samples per step as 2 ranks × 1, so rank 0 accepts the resume
+    main(None, **{**base, "output_dir": str(tmp_path / "node0"), "grad_accumulation_steps": 2})
+    cfg = write_config(tmp_path / "c.yaml", {**base, "resume": "latest"})
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", "--log-dir", str(logs), "--redirects", "3",
+           str(REPO / "tests" / "_recipe_worker.py"), "cli", cfg, str(tmp_path)]
+    env = {**ENV, "RANK_OUTPUT_DIRS": f"{tmp_path / 'node0'},{tmp_path / 'node1'}"}
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode != 0 and time.time() - t0 < 200
+    for rank in (0, 1):
+        err = next(logs.rglob(f"attempt_0/{rank}/stderr.log")).read_text()
+        lines = [l for l in err.splitlines() if l.startswith("error: ")]
+        assert len(lines) == 1 and "Traceback" not in err, (rank, err[-3000:])
+        assert "rank 1 cannot read the checkpoint rank 0 resumes (checkpoints/step-2)" in lines[0], lines[0]
+        assert "same output_dir" in lines[0]
+    assert not (tmp_path / "node1" / "mn").exists()
+
+
+def test_resume_maps_state_instead_of_reading_it(tmp_path):
+    "Loading a checkpoint's 128 MiB state.pt raises the peak RSS by far less than its size: it is memory-mapped."
+    ck = tmp_path / "step-1"; ck.mkdir()
+    torch.save({"optimizer": {"state": {0: {"exp_avg": torch.ones(32 * 2 ** 20)}}}, "loop": {"step": 1}}, ck / "state.pt")
+    probe = ("import resource, sys\nfrom domino_research.train import load_checkpoint_state\n"
+             "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+             "before = peak(); state = load_checkpoint_state(sys.argv[1]); print(peak() - before)")
+    p = subprocess.run([sys.executable, "-c", probe, str(ck)], env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    grown = int(p.stdout.split()[-1])
+    assert grown < 16 * 2 ** 20, f"peak RSS grew by {grown / 2 ** 20:.0f} MiB loading a 128 MiB state.pt"
+
+
+def test_dist_timeout_minutes_bounds_a_stalled_rank(tiny, tmp_path):
+    "Rank 1 never reaches the first barrier: with dist_timeout_minutes 0.1, rank 0 gives up in about 6 s, not the default's minutes."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "stall", "dist_timeout_minutes": 0.1,
+                                             "output_dir": str(tmp_path / "runs")})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(REPO / "tests" / "_recipe_worker.py"), "stall", cfg, str(tmp_path)]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    m = re.search(r"gave up after ([\d.]+) s", p.stdout + p.stderr)
+    assert p.returncode != 0 and m, (p.stdout[-2000:], p.stderr[-3000:])
+    assert 5 <= float(m.group(1)) < 60, m.group(0)
