@@ -309,8 +309,8 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
     optim = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     state = {"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
-    weights = draft.state_dict() if draft_state is None else draft_state
-    with _written_or_removed(tmp, lambda: _tensor_bytes(weights) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
+    weights = lambda: draft.state_dict() if draft_state is None else draft_state     # sized only if the save fails
+    with _written_or_removed(tmp, lambda: _tensor_bytes(weights()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
         draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
         (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
