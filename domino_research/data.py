@@ -431,14 +431,12 @@ def _folder_bytes(folder: Path) -> int:
 
 def _disk_full(cache_dir: Path, source: str, tmp: Path, what: str, e: OSError) -> ChatCacheError:
     "One line: the full folder, what the build had written when it stopped, and about how much it needs."
-    written = _folder_bytes(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)                     # before measuring what is free
-    free, mb = shutil.disk_usage(cache_dir).free, lambda b: f"{b / 1e6:.1f} MB"
+    written, mb = _folder_bytes(tmp), lambda b: f"{b / 1e6:.1f} MB"
     need = (f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file: a raw "
             "copy and three copies of the tokenised rows at its peak)") if Path(source).is_file() else f"more than {mb(written)}"
     return ChatCacheError(f"data_cache_dir {cache_dir} is full ({e.strerror}): the build of {source} stopped while {what} "
-                          f"after writing {mb(written)}; it needs {need} free there and {mb(free)} are free. Free space or "
-                          "point data_cache_dir at a larger disk (its temp folder is removed)")
+                          f"after writing {mb(written)}; it needs {need} free there. Free space or point data_cache_dir at a "
+                          "larger disk (its temp folder is removed)")
 
 def _ready_to_build(cache_dir: Path, final: Path, source: str):
     "Create `cache_dir`; a folder this process cannot write is refused here, naming it, before any work."
