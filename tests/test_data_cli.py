@@ -130,15 +130,15 @@ def test_training_reads_a_read_only_prebuilt_cache(tiny, tmp_path, read_only):
     assert [len(d) for d in again] == [len(d) for d in built] and _tree(cache) == before
 
 
-def _free_space_error(tiny, tmp_path, monkeypatch, capsys, src):
+@contextlib.contextmanager
+def _full_disk(cache, monkeypatch):
     "The build's real writes fail with ENOSPC: a 1 MB tmpfs where mount works, else the Arrow writer every write goes through."
-    cache = tmp_path / "full"; cache.mkdir()
-    if os.geteuid() == 0 and shutil.which("mount") and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)],
-                                            capture_output=True).returncode == 0:
-        try:
-            with pytest.raises(SystemExit) as e: _build(tiny, src, cache)
-            return _one_error_line(capsys, e, f"data_cache_dir {cache} is full"), list(cache.iterdir())
+    cache.mkdir()
+    if os.geteuid() == 0 and shutil.which("mount") and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)], capture_output=True).returncode == 0:
+        try: yield
         finally: subprocess.run(["umount", "--lazy", str(cache)], check=True)   # the error's frames still map deleted files
+        return
     import datasets.arrow_writer as aw
     real = aw.ArrowWriter.write_table
     def write_table(self, table, *a, **k):
@@ -146,15 +146,31 @@ def _free_space_error(tiny, tmp_path, monkeypatch, capsys, src):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(self, table, *a, **k)
     monkeypatch.setattr(aw.ArrowWriter, "write_table", write_table)
-    with pytest.raises(SystemExit) as e: _build(tiny, src, cache)
-    return _one_error_line(capsys, e, f"data_cache_dir {cache} is full"), list(cache.iterdir())
+    yield
 
 
 def test_full_cache_disk_is_one_line_and_leaves_nothing(tiny, tmp_path, monkeypatch, capsys):
-    src = write_jsonl(tmp_path / "big.jsonl", _rows(600) * 2)          # ~ 0.3 MB of JSONL: ~2.7 MB of building
-    line, left = _free_space_error(tiny, tmp_path, monkeypatch, capsys, src)
-    assert "No space left on device" in line and "it needs about" in line and "MB" in line, line
-    assert left == []                                                   # temp folder removed
+    src, cache = write_jsonl(tmp_path / "big.jsonl", _rows(600) * 2), tmp_path / "full"   # 0.2 MB of JSONL, ~2 MB to build
+    with _full_disk(cache, monkeypatch):
+        with pytest.raises(SystemExit) as e: _build(tiny, src, cache)
+        line = _one_error_line(capsys, e, f"data_cache_dir {cache} is full", "No space left on device", "it needs about")
+        assert list(cache.iterdir()) == [], line                         # temp folder removed
+
+
+def test_full_cache_disk_in_training_is_one_line(tiny, tmp_path, monkeypatch):
+    "The recipe's data step: the same fault is one ConfigError line naming the folder (was 58 lines of traceback)."
+    from types import SimpleNamespace
+    from domino_research.config import ConfigError
+    from domino_research.train import TrainDFlashRecipe, load_train_config
+    src, cache = write_jsonl(tmp_path / "big.jsonl", _rows(600) * 2), tmp_path / "full"
+    cfg = load_train_config(**{**tiny["base"], "train_data": str(src), "output_dir": str(tmp_path / "runs"),
+                               "data_cache_dir": str(cache), "data_num_proc": 1})
+    me = SimpleNamespace(cfg=cfg, accelerator=SimpleNamespace(is_local_main_process=True, is_main_process=True),
+                         tokenizer=tiny["tokenizer"])
+    with _full_disk(cache, monkeypatch):
+        with pytest.raises(ConfigError) as e, contextlib.redirect_stdout(io.StringIO()): TrainDFlashRecipe._build_datasets(me)
+        assert str(e.value).startswith(f"train_data: data_cache_dir {cache} is full") and "\n" not in str(e.value)
+        assert list(cache.iterdir()) == []
 
 
 def test_ctrl_c_during_a_two_process_build(tiny, tmp_path):
