@@ -18,9 +18,9 @@ from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _r
 from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generate, speculative_generate
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
-from .export import find_draft_dir, load_draft
+from .export import check_draft_folder, find_draft_dir, load_draft
 from .stats import pooled_tau_ratio
-from .target import load_target
+from .target import check_target_path, load_target
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
@@ -195,6 +195,9 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     sampled = temperature > 0
+    if not isinstance(draft_dir, DFlashDraftModel):              # a bad folder fails before a target of many GB loads
+        if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
+        check_draft_folder(draft_dir)
     model, tok = _load_target(target)
     draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir, target_config=model.config)
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype

@@ -17,8 +17,8 @@ from .config import ConfigError
 from .draft import DFlashDraftModel
 
 # %% auto #0
-__all__ = ['draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'load_draft', 'find_draft_dir', 'export_config',
-           'export_draft']
+__all__ = ['draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
+           'find_draft_dir', 'export_config', 'export_draft']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -143,13 +143,18 @@ def _check_config_fits_target(cfg: dict, target_config, cfg_path: Path):
         if k in cfg and getattr(tc, k, cfg[k]) != cfg[k]:
             raise ConfigError(f"{cfg_path}: `{k}` {cfg[k]} but the target's {k} is {getattr(tc, k)}: a draft of another target")
 
-def load_draft(path, dtype=None, device=None, target_config=None) -> DFlashDraftModel:
-    """Load a draft folder (config.json + model.safetensors) written by `export_draft` or `save_pretrained`; eval mode.
-    The config, the safetensors header and (if given) the target's config are checked against each other first."""
+def check_draft_folder(path, target_config=None) -> dict:
+    "A draft folder's config.json, safetensors header and (if given) the target's config checked against each other; reads no tensor. Returns the config."
     p = Path(path)
     cfg, weights = read_draft_config(p), _weights_file(p)
     if target_config is not None: _check_config_fits_target(cfg, target_config, p / "config.json")
     _check_weights_fit_config(cfg, read_safetensors_header(weights), weights, p / "config.json")
+    return cfg
+
+def load_draft(path, dtype=None, device=None, target_config=None) -> DFlashDraftModel:
+    """Load a draft folder (config.json + model.safetensors) written by `export_draft` or `save_pretrained`; eval mode.
+    `check_draft_folder` runs first: a malformed folder is one line, before the module is built."""
+    check_draft_folder(path, target_config)
     draft = DFlashDraftModel.from_pretrained(str(path), **({"dtype": dtype} if dtype is not None else {}))
     return draft.to(device).eval() if device is not None else draft.eval()
 

@@ -225,7 +225,7 @@ def _as_pickle(d):
     ("pickle_bin", _as_pickle, ("pytorch_model.bin", "never loaded", "convert it to model.safetensors")),
 ])
 def test_malformed_draft_is_one_line_before_building(toy, tmp_path, capsys, monkeypatch, case, edit, needles):
-    "Each fault: exit 2, one line naming the file and key, and the draft module is never built (no large allocation)."
+    "Each fault: exit 2, one line naming the file and key; neither the draft module nor the target is built first."
     import pickle, shutil
     draft = tmp_path / case
     shutil.copytree(toy / "draft", draft)
@@ -233,6 +233,8 @@ def test_malformed_draft_is_one_line_before_building(toy, tmp_path, capsys, monk
     def refuse(*a, **k): raise AssertionError("the draft was built before its files were checked")
     monkeypatch.setattr(DFlashDraftModel, "from_pretrained", refuse)
     monkeypatch.setattr(pickle, "load", refuse); monkeypatch.setattr(pickle, "loads", refuse)
+    import domino_research.evaluation as ev
+    monkeypatch.setattr(ev, "_load_target", lambda t: (_ for _ in ()).throw(AssertionError("the target loaded first")))
     code, out, err = _bench_main(capsys, "--draft", draft, "--target", toy / "target", "--prompts", toy / "prompts.jsonl")
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err and out == "", err
