@@ -113,6 +113,19 @@ def test_read_only_cache_is_served_and_a_missing_one_named(tiny, tmp_path, capsy
     assert _tree(cache) == before
 
 
+
+def test_damaged_read_only_cache_is_one_line(tiny, tmp_path, capsys, read_only):
+    "A damaged cache in a read-only folder cannot be set aside and rebuilt there: one line naming it, nothing written."
+    src, cache = write_jsonl(tmp_path / "d.jsonl", _rows(6)), tmp_path / "cache"
+    _build(tiny, src, cache)
+    arrow = next(cache.glob("chat-*/rows/*.arrow")); n = arrow.stat().st_size
+    with open(arrow, "r+b") as f: f.seek(n // 2); f.write(bytes(64))
+    before = _tree(cache)
+    read_only(cache)
+    with pytest.raises(SystemExit) as e: _build(tiny, src, cache)
+    _one_error_line(capsys, e, "is damaged", "other bytes than were written", f"{cache} is read-only")
+    assert _tree(cache) == before
+
 def test_training_reads_a_read_only_prebuilt_cache(tiny, tmp_path, read_only):
     "The recipe's data step (not only the data CLI) maps a shared read-only cache instead of refusing the folder."
     from types import SimpleNamespace
