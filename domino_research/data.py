@@ -424,7 +424,7 @@ def _writable(folder: Path) -> bool:
     "Whether this process may create files in `folder`: `os.access` sees the permission bits and a read-only mount."
     return os.access(folder, os.W_OK | os.X_OK)
 
-_BUILD_SPACE_FACTOR = 9   # a build's peak bytes / the JSONL's bytes (raw copy + 3 copies of the rows; embedded data: 8.2)
+_BUILD_SPACE_FACTOR = 9   # bound on a build's peak bytes / the JSONL's bytes (embedded validation data: 5.8)
 
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
@@ -432,8 +432,8 @@ def _folder_bytes(folder: Path) -> int:
 def _disk_full(cache_dir: Path, source: str, tmp: Path, what: str, e: OSError) -> ChatCacheError:
     "One line: the full folder, what the build had written when it stopped, and about how much it needs."
     written, mb = _folder_bytes(tmp), lambda b: f"{b / 1e6:.1f} MB"
-    need = (f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file: a raw "
-            "copy and three copies of the tokenised rows at its peak)") if Path(source).is_file() else f"more than {mb(written)}"
+    need = (f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file, a safe "
+            "bound: a raw copy and up to three copies of the tokenised rows)") if Path(source).is_file() else f"more than {mb(written)}"
     return ChatCacheError(f"data_cache_dir {cache_dir} is full ({e.strerror}): the build of {source} stopped while {what} "
                           f"after writing {mb(written)}; it needs {need} free there. Free space or point data_cache_dir at a "
                           "larger disk (its temp folder is removed)")
