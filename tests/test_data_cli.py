@@ -188,7 +188,7 @@ def test_full_cache_disk_in_training_is_one_line(tiny, tmp_path, monkeypatch):
 
 def test_ctrl_c_during_a_two_process_build(tiny, tmp_path):
     "Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while 2 workers tokenise: one line, no temp folder."
-    src, cache = write_jsonl(tmp_path / "d.jsonl", _rows(3000)), tmp_path / "cache"
+    src, cache = write_jsonl(tmp_path / "d.jsonl", _rows(8000)), tmp_path / "cache"   # tokenising outlasts the 0.5 s wait
     err = tmp_path / "stderr.txt"
     with open(err, "w") as ef:
         p = subprocess.Popen([sys.executable, "-m", "domino_research.data", "build", str(src), "--tokenizer",
