@@ -522,6 +522,7 @@ def main(argv=None):
     for k in ("seq_length", "num_proc", "max_samples"):
         if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
     from transformers import AutoTokenizer
+    warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each (a damaged cache), no source excerpt
     try:
         tok = AutoTokenizer.from_pretrained(a.tokenizer)
         cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
