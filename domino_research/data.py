@@ -475,7 +475,8 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
             if not _writable(cache_dir):
                 raise ChatCacheError(f"data cache {final} is damaged ({why}) and {cache_dir} is read-only: rebuild it where "
                                      "the folder can be written, or point data_cache_dir at a writable folder") from None
-            aside = cache_dir / f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            # a unique empty folder, renamed over: two damages within one second keep both copies
+            aside = Path(tempfile.mkdtemp(prefix=f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=cache_dir))
             os.replace(final, aside)
             warnings.warn(f"chat data cache {final} is damaged ({why}); rebuilding it "
                           f"(the damaged copy is in {aside}: delete it)", stacklevel=2)
