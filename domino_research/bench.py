@@ -367,6 +367,9 @@ def _add_decode_parser(sub):
     p.add_argument("--temperature", type=_temperature, default=d["temperature"],
                    help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
     p.add_argument("--sample_seed", type=_int_at_least(0), default=d["sample_seed"], help="seed of the draws at temperature > 0")
+    p.add_argument("--long_prompts", choices=("refuse", "truncate"), default=d["long_prompts"],
+                   help="a prompt + max_new_tokens longer than the target's max_position_embeddings: refuse (naming it) "
+                   "or truncate (keep its last tokens; counted in the result)")
     p.add_argument("--threads", type=_pos, default=d["threads"], help="torch CPU threads (None: torch's)")
     p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -376,7 +379,7 @@ def _cmd_decode(a):
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
-                      temperature=a.temperature, sample_seed=a.sample_seed)
+                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 

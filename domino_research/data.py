@@ -6,15 +6,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import gzip
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -32,8 +36,8 @@ from .config import looks_local
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES', 'CHAT_CACHE_VERSION', 'ChatDataError',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
-           'tokenizer_fingerprint', 'chat_cache_key', 'cached_chat_dataset', 'main', 'collate_chat', 'line_loop',
-           'token_cycle', 'loops']
+           'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
+           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -337,10 +341,15 @@ def _column_stats(ds: datasets.Dataset) -> dict:
 
 
 # %% ../nbs/11_data.ipynb #f20acf51
+class ChatCacheError(ChatDataError):
+    "The data cache folder cannot be used as asked (read-only, full, interrupted): the message names the folder and what to do."
+
 def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable_thinking: bool, max_samples: int | None,
-                      num_proc: int, tmp: Path, key: str) -> dict:
-    "Tokenise `source` into `tmp/rows` (Arrow, `save_to_disk`) and `tmp/stats.json`; returns the stats."
+                      num_proc: int, tmp: Path, key: str, stage: dict | None = None) -> dict:
+    "Tokenise `source` into `tmp/rows` (Arrow, `save_to_disk`) and `tmp/stats.json`; returns the stats. `stage['now']` says which step runs."
+    stage = {} if stage is None else stage
     work = tmp / "work"        # datasets' intermediate files live in the temp folder too, never in ~/.cache
+    stage["now"] = "reading the rows"
     if kind == "jsonl":
         raw = datasets.Dataset.from_generator(_jsonl_records, gen_kwargs=dict(path=source, max_rows=max_samples), cache_dir=str(work),
                                               features=datasets.Features({"line": datasets.Value("int64"), "raw": datasets.Value("binary")}))
@@ -348,28 +357,35 @@ def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable
         raw = _open_with_datasets(source, None, cache_dir=work)
         if max_samples is not None: raw = raw.select(range(min(max_samples, len(raw))))
     procs = max(1, min(num_proc, len(raw)))
+    stage["now"] = f"tokenising {len(raw)} rows"
     rows = raw.map(_tokenize_batch, batched=True, with_indices=True, remove_columns=raw.column_names, features=_CACHE_FEATURES,
                    fn_kwargs=dict(tokenizer=tokenizer, seq_length=seq_length, enable_thinking=enable_thinking, source=source,
                                   jsonl=kind == "jsonl"),
                    num_proc=procs if procs > 1 else None, cache_file_name=str(work / "tokenized.arrow"), new_fingerprint=key)
     stats = _column_stats(rows)
+    stage["now"] = "saving the tokenised rows"
     kept = rows.filter(lambda s: [x == 0 for x in s], input_columns="status", batched=True, cache_file_name=str(work / "kept.arrow"))
     # in this process: datasets writes with num_proc through "spawn" workers, which re-import the caller's main module
     kept.select_columns(["input_ids", "loss_mask", "first_label"]).save_to_disk(str(tmp / "rows"))
     shutil.rmtree(work)
+    stage["now"] = "checksumming the saved rows"
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted((tmp / "rows").rglob("*")) if p.is_file()}
-    (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files}, indent=2))   # written last
+    sha256 = {name: _content_digest(tmp / name) for name in files}     # checked on every load: a same-size corruption is caught
+    (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files, "sha256": sha256}, indent=2))   # written last
     return stats
 
 def _load_chat_cache(path: Path) -> tuple[datasets.Dataset, dict]:
-    "A finished cache; raises (the caller rebuilds) if a file is missing, has another size, or does not load."
+    "A finished cache; raises (the caller rebuilds) if a file is missing, has another size or content, or does not load."
     info = json.loads((path / "stats.json").read_text())
+    if not isinstance(info.get("sha256"), dict): raise OSError(f"{path / 'stats.json'} has no checksums (an older format)")
     for name, size in info["files"].items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size: raise OSError(f"{f} is missing or has another size than was written")
+    for name, digest in info["sha256"].items():     # ~1 ms per MB (page cache): the price of never training on damaged rows
+        if _content_digest(path / name) != digest: raise OSError(f"{path / name} has other bytes than were written (checksum)")
     ds = datasets.load_from_disk(str(path / "rows"))          # memory-mapped: rows stay on disk
     if len(ds) != info["kept"]: raise OSError(f"{path / 'rows'} holds {len(ds)} rows, {info['kept']} were written")
-    return ds, {k: v for k, v in info.items() if k not in ("key", "files")}
+    return ds, {k: v for k, v in info.items() if k not in ("key", "files", "sha256")}
 
 def _remove_own_stale_temps(cache_dir: Path):
     "Temp folders that builds killed on this host left behind (their process is gone); nothing else is ever deleted."
@@ -380,8 +396,64 @@ def _remove_own_stale_temps(cache_dir: Path):
         except ProcessLookupError: shutil.rmtree(p, ignore_errors=True)
         except OSError: pass                                   # alive, another user's
 
-
 # %% ../nbs/11_data.ipynb #a8c6e27b
+class CacheBuildInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a cache build: the message says which step it stopped in; the temp folder is already removed."
+
+@contextlib.contextmanager
+def _ctrl_c_stops_this_process_only():
+    """Ctrl-C reaches every process of the terminal's group. Forked tokenising workers inherit this handler and ignore it
+    (their parent stops them), so they print no tracebacks; this process raises KeyboardInterrupt, even where `datasets`
+    turns it into another error while it waits for its workers."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield; return                                          # no handler can be set here / Ctrl-C is meant to be ignored
+    owner, hit = os.getpid(), []
+    def on_ctrl_c(signum, frame):
+        if os.getpid() != owner: return
+        hit.append(True); raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+        if hit: raise KeyboardInterrupt                        # raised where Python only prints it (an at-fork hook)
+    except Exception as e:
+        if hit: raise KeyboardInterrupt from e                 # datasets reports the interrupted wait as a TimeoutError
+        raise
+    finally: signal.signal(signal.SIGINT, previous)
+
+def _writable(folder: Path) -> bool:
+    "Whether this process may create files in `folder`: `os.access` sees the permission bits and a read-only mount."
+    return os.access(folder, os.W_OK | os.X_OK)
+
+_BUILD_SPACE_FACTOR = 9   # bound on a build's peak bytes / the JSONL's bytes (embedded validation data: 5.8)
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+def _disk_full(cache_dir: Path, source: str, tmp: Path, what: str, e: OSError) -> ChatCacheError:
+    "One line: the full folder, what the build had written when it stopped, and about how much it needs."
+    written, mb = _folder_bytes(tmp), lambda b: f"{b / 1e6:.1f} MB"
+    need = (f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file, a safe "
+            "bound: a raw copy and up to three copies of the tokenised rows)") if Path(source).is_file() else f"more than {mb(written)}"
+    return ChatCacheError(f"data_cache_dir {cache_dir} is full ({e.strerror}): the build of {source} stopped while {what} "
+                          f"after writing {mb(written)}; it needs {need} free there. Free space or point data_cache_dir at a "
+                          "larger disk (its temp folder is removed)")
+
+def _ready_to_build(cache_dir: Path, final: Path, source: str):
+    "Create `cache_dir`; a folder this process cannot write is refused here, naming it, before any work."
+    fix = (f"build it where the folder can be written (python -m domino_research.data build {source} --cache_dir {cache_dir} "
+           "with the run's --tokenizer/--seq_length) or point data_cache_dir at a writable folder")
+    try: cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise ChatCacheError(f"data_cache_dir {cache_dir} cannot be created ({e.strerror}): {fix}") from None
+    if not _writable(cache_dir):
+        raise ChatCacheError(f"data_cache_dir {cache_dir} is read-only and has no finished cache {final.name} of {source} "
+                             f"with these settings: {fix}")
+
+def _check_has_rows(source: str, kind: str):
+    "An empty JSONL is named here (datasets would only say that the split 'corresponds to no data')."
+    if kind == "jsonl" and next(_jsonl_lines(source), None) is None:
+        raise ChatDataError(f"{source}: no rows (the file is empty or blank); write one chat per line, e.g. "
+                            '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}, or use another data file')
+
 def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_thinking: bool = False,
                         max_samples: int | None = None, num_proc: int = 1, verbose: bool = True, build: bool = True,
                         poll_s: float = 2.0) -> tuple[datasets.Dataset, dict]:
@@ -389,32 +461,47 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
     memory-mapped after; and the stats. With `build=False` (the other ranks of a launch) wait for the cache instead."""
     _check_chat_template(tokenizer)
     source, kind = str(source), _chat_source_kind(source)
-    cache_dir = Path(cache_dir).expanduser(); cache_dir.mkdir(parents=True, exist_ok=True)
+    _check_has_rows(source, kind)
+    cache_dir = Path(cache_dir).expanduser()
     key = chat_cache_key(source, tokenizer, seq_length, enable_thinking, max_samples)
     final, ds = cache_dir / f"chat-{key}", None
     while not build:                                           # a file poll, not a collective: no process-group timeout
         try: ds, stats = _load_chat_cache(final); how = "cached in"; break
         except Exception: time.sleep(poll_s)                   # not built yet, or being rebuilt
-    if ds is None and final.exists():
+    if ds is None and final.exists():                          # a finished cache is only read: a read-only folder serves
         try: ds, stats = _load_chat_cache(final); how = "cached in"
         except Exception as e:                                 # damaged: set aside (never deleted) and rebuilt
-            aside = cache_dir / f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            why = " ".join(str(e).split())[:200]
+            if not _writable(cache_dir):
+                raise ChatCacheError(f"data cache {final} is damaged ({why}) and {cache_dir} is read-only: rebuild it where "
+                                     "the folder can be written, or point data_cache_dir at a writable folder") from None
+            # a unique empty folder, renamed over: two damages within one second keep both copies
+            aside = Path(tempfile.mkdtemp(prefix=f".damaged-{final.name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=cache_dir))
             os.replace(final, aside)
-            warnings.warn(f"chat data cache {final} is damaged ({' '.join(str(e).split())[:200]}); rebuilding it "
+            warnings.warn(f"chat data cache {final} is damaged ({why}); rebuilding it "
                           f"(the damaged copy is in {aside}: delete it)", stacklevel=2)
     if ds is None:
+        _ready_to_build(cache_dir, final, source)
         _remove_own_stale_temps(cache_dir)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-{os.getpid()}@{socket.gethostname()}-", dir=cache_dir))
+        stage = {"now": "starting"}
         try:
             t0 = time.perf_counter()
-            _build_chat_cache(source, kind, tokenizer, seq_length, enable_thinking, max_samples, num_proc, tmp, key)
+            with _ctrl_c_stops_this_process_only():
+                _build_chat_cache(source, kind, tokenizer, seq_length, enable_thinking, max_samples, num_proc, tmp, key, stage)
             try: os.replace(tmp, final); how = f"built in {time.perf_counter() - t0:.0f} s into"
             except OSError: how = "built by another process into"   # it finished first: its copy is the same
+        except KeyboardInterrupt:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CacheBuildInterrupted(f"stopped while {stage['now']} of {source} into {cache_dir}; nothing was cached and "
+                                        "its temp folder is removed: run the same command again to build it") from None
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
+            raise _disk_full(cache_dir, source, tmp, stage["now"], e) from None
         finally: shutil.rmtree(tmp, ignore_errors=True)
         ds, stats = _load_chat_cache(final)
     if verbose: print(f"{chat_stats_line(stats, seq_length)}; {how} {final}", flush=True)
     return ds, stats
-
 
 # %% ../nbs/11_data.ipynb #099919d5
 def _build_parser() -> argparse.ArgumentParser:
@@ -436,11 +523,14 @@ def main(argv=None):
     for k in ("seq_length", "num_proc", "max_samples"):
         if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
     from transformers import AutoTokenizer
+    warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each (a damaged cache), no source excerpt
     try:
         tok = AutoTokenizer.from_pretrained(a.tokenizer)
         cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
     except (ValueError, OSError) as e:      # ChatDataError is a ValueError; a missing file or tokenizer folder an OSError
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+    except KeyboardInterrupt as e:          # Ctrl-C: where it stopped and how to go on, not the workers' tracebacks
+        print(f"interrupted: {str(e) or 'stopped before the build began; nothing was cached'}", file=sys.stderr); sys.exit(130)
 
 
 # %% ../nbs/11_data.ipynb #12506ab2

@@ -18,9 +18,9 @@ from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _r
 from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generate, speculative_generate
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
-from .export import find_draft_dir, load_draft
+from .export import check_draft_folder, find_draft_dir, load_draft
 from .stats import pooled_tau_ratio
-from .target import load_target
+from .target import check_target_path, load_target
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
@@ -161,11 +161,33 @@ def _check_counts(**counts):
     for k, v in counts.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
 
+def _fit_prompts(enc: list, sample: list[dict], max_new_tokens: int, target_config, long_prompts: str):
+    """The prompt ids with room for `max_new_tokens` in the target's `max_position_embeddings`: a longer prompt is refused,
+    naming it, or (`truncate`) cut from its start, so the generation prompt stays; returns (ids, prompts cut, tokens cut)."""
+    if long_prompts not in ("refuse", "truncate"):
+        raise ValueError(f"long_prompts must be 'refuse' or 'truncate', got {long_prompts!r}")
+    limit = getattr(target_config.get_text_config(), "max_position_embeddings", None)
+    if not limit: return enc, 0, 0                                    # a target without a stated context: nothing to check
+    room = limit - max_new_tokens
+    if room < 1: raise ValueError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt within the target's "
+                                  f"max_position_embeddings {limit}; pass a smaller max_new_tokens")
+    out, cut, dropped = [], 0, 0
+    for ids, rec in zip(enc, sample):
+        P = ids.shape[1]
+        if P > room and long_prompts == "refuse":
+            raise ValueError(f"prompt {rec['id']} (row {rec['index']}): {P} prompt tokens + max_new_tokens {max_new_tokens} "
+                             f"= {P + max_new_tokens} > the target's max_position_embeddings {limit}, where decoding is not "
+                             f"defined; pass long_prompts='truncate' (--long_prompts truncate: keep its last {room} tokens) "
+                             "or a smaller max_new_tokens")
+        out.append(ids[:, P - room:] if P > room else ids)
+        cut, dropped = cut + (P > room), dropped + max(P - room, 0)
+    return out, cut, dropped
+
 @torch.no_grad()
 def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
                    candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False,
                    prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
-                   temperature: float = 0.0, sample_seed: int = 0) -> dict:
+                   temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse") -> dict:
     "Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed, losslessness."
     _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
     if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
@@ -173,14 +195,18 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     sampled = temperature > 0
+    if not isinstance(draft_dir, DFlashDraftModel):              # a bad folder fails before a target of many GB loads
+        if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
+        check_draft_folder(draft_dir)
     model, tok = _load_target(target)
-    draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir)
+    draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir, target_config=model.config)
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     draft = draft.to(device=dev, dtype=dtype).eval()                 # bf16 with a bf16 target (RoPE stays fp32)
     d = check_draft_fits(draft, model)                           # bad pairs fail before any decoding
     src = prompts if prompts is not None else _default_prompts()
     sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
     enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok, model)
+    enc, n_cut, cut_tokens = _fit_prompts(enc, sample, max_new_tokens, model.config, long_prompts)
     variants = {"spec": dict(use_head=True)}
     if d.is_domino:
         variants["base"] = dict(use_head=False)
@@ -216,7 +242,8 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     base = _sum_stats(stats["base"]) if "base" in stats else spec
     res = dict(n_prompts=len(enc), max_new_tokens=max_new_tokens, block_size=d.block_size, shift_label=d.shift_label,
                projector_type=d.projector_type, new_tokens=n_tokens, lossless=None if lossless is None else bool(lossless),
-               temperature=temperature, sample_seed=sample_seed if sampled else None,
+               temperature=temperature, sample_seed=sample_seed if sampled else None, long_prompts=long_prompts,
+               truncated_prompts=n_cut, truncated_prompt_tokens=cut_tokens,
                lossless_check="per prompt: speculative tokens == greedy tokens" if not sampled else
                "in distribution: speculative sampling keeps the target's sampling distribution (the chi-square tests of "
                "notebook 30_decode); two samples of one prompt differ, so there is no per-prompt check at T > 0",
@@ -300,20 +327,21 @@ def write_eval(res: dict, out_dir) -> Path:
 def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128, candidate_k=(),
                  threads: int | None = None, per_prompt: bool = False, as_json: bool = False, prompt_seed: int | None = 0,
                  stratify_by: str | None = "auto", prompt_split: str | None = None, temperature: float = 0.0,
-                 sample_seed: int = 0) -> dict:
+                 sample_seed: int = 0, long_prompts: str = "refuse") -> dict:
     "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
         draft = find_draft_dir(draft)
     res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                          candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
-                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed)
+                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed, long_prompts=long_prompts)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
     else:
         g = res.get("tau_gain_head")
         gain = f", head gain {g['ratio']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] (95% CI)" if g else ""
-        print(f"{res['n_prompts']} prompts, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}{gain}) "
+        cut = f" ({res['truncated_prompts']} cut to fit the target's context)" if res["truncated_prompts"] else ""
+        print(f"{res['n_prompts']} prompts{cut}, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base {res['tau_base']:.2f}{gain}) "
               f"of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy {res['target_tokens_per_s']:.1f} "
               f"tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} (speed-up / tau), "
               + (f"lossless {res['lossless']}" if res["lossless"] is not None else

@@ -6,16 +6,19 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from .config import ConfigError
 from .draft import DFlashDraftModel
 
 # %% auto #0
-__all__ = ['draft_weight_names', 'read_draft_config', 'load_draft', 'find_draft_dir', 'export_config', 'export_draft']
+__all__ = ['draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
+           'find_draft_dir', 'export_config', 'export_draft']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -30,6 +33,22 @@ def draft_weight_names(num_layers: int, domino: bool, attention_bias: bool = Fal
     return sorted(names + (_DOMINO_KEYS if domino else []))
 
 # %% ../nbs/31_export.ipynb #ec9be343
+_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+def _check_config_values(cfg, cfg_path: Path):
+    "Types and ranges of the keys that size the module: each fault is one line naming the key, before anything is built."
+    if not isinstance(cfg, dict): raise ConfigError(f"{cfg_path}: expected a JSON object, got a {type(cfg).__name__}")
+    for k in _SIZE_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{cfg_path}: `{k}` must be an integer >= 1, got {v!r}" if k in cfg else
+                              f"{cfg_path}: has no `{k}`; re-export the draft with export_draft")
+    for k in ("dtype", "torch_dtype"):
+        v = cfg.get(k)
+        if v is not None and not (isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)
+                                  and getattr(torch, v).is_floating_point):
+            raise ConfigError(f"{cfg_path}: `{k}` {v!r} is not a torch floating dtype (e.g. \"bfloat16\", \"float32\")")
+
 def read_draft_config(path) -> dict:
     "The checked `config.json` dict of a draft folder."
     p = Path(path)
@@ -40,18 +59,102 @@ def read_draft_config(path) -> dict:
                                 "export_draft(run_dir, out_dir).")
     try: cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e: raise ConfigError(f"{cfg_path}: invalid JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(cfg.get("dflash_config"), dict):
+    except UnicodeDecodeError: raise ConfigError(f"{cfg_path}: not UTF-8 text; a draft config is a JSON file") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("dflash_config"), dict):
+        if not isinstance(cfg, dict): _check_config_values(cfg, cfg_path)
         raise ConfigError(f"{cfg_path}: no `dflash_config` object, so this is not a DFlash/Domino draft. "
                           "Export the draft with export_draft.")
     if "shift_label" not in cfg["dflash_config"]:
         raise ConfigError(f"{cfg_path}: `dflash_config` has no `shift_label`: the label convention the draft was trained "
                           "with is unknown and decoding with the wrong one silently accepts almost nothing. Add "
                           "\"shift_label\": true (Domino recipe) or false (DFlash) to dflash_config.")
+    _check_config_values(cfg, cfg_path)
     return cfg
 
-def load_draft(path, dtype=None, device=None) -> DFlashDraftModel:
-    "Load a draft folder (config.json + model.safetensors) written by `export_draft` or `save_pretrained`; eval mode."
-    read_draft_config(path)
+
+_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_ST_MAX_HEADER = 100_000_000                                   # the safetensors format's own limit on its JSON header
+
+def _bad_tensor_entry(name: str, t, data_bytes: int) -> str | None:
+    "Why one header entry cannot describe a tensor inside the file (None: it can)."
+    if not isinstance(t, dict) or t.get("dtype") not in _ST_ITEMSIZE: return f"has no known dtype ({str(t)[:80]})"
+    shape, offs = t.get("shape"), t.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        return f"has shape {shape!r}, not a list of sizes"
+    if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+            and 0 <= offs[0] <= offs[1]):
+        return f"has data_offsets {offs!r}, not [begin, end]"
+    if offs[1] > data_bytes: return f"data_offsets {offs} run past the end of the file's {data_bytes} data bytes (truncated?)"
+    if offs[1] - offs[0] != math.prod(shape) * _ST_ITEMSIZE[t["dtype"]]:
+        return f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {t['dtype']} {shape} needs {math.prod(shape) * _ST_ITEMSIZE[t['dtype']]}"
+    return None
+
+def read_safetensors_header(path) -> dict[str, tuple[str, list[int]]]:
+    "Tensor name → (dtype, shape) of a safetensors file, checked against the file's size; reads the header only."
+    path = Path(path); size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little") if size >= 8 else None
+        if n is None or n > size - 8 or n > _ST_MAX_HEADER:
+            raise ConfigError(f"{path}: header length {n} bytes but the file holds {size} bytes: truncated or not a "
+                              "safetensors file; re-export the draft")
+        try: header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError): header = None
+    if not isinstance(header, dict): raise ConfigError(f"{path}: the header is not a JSON object: not a safetensors file")
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__": continue
+        if why := _bad_tensor_entry(name, t, size - 8 - n): raise ConfigError(f"{path}: tensor {name!r} {why}")
+        out[name] = (t["dtype"], t["shape"])
+    return out
+
+def _weights_file(p: Path) -> Path:
+    "The draft's `model.safetensors`; a pickled checkpoint is refused without being opened (unpickling runs code)."
+    f = p / "model.safetensors"
+    if f.is_file(): return f
+    pickled = sorted(q.name for q in p.glob("*.bin")) + sorted(q.name for q in p.glob("*.pt"))
+    if pickled:
+        raise ConfigError(f"{p / pickled[0]}: a pickled checkpoint is never loaded (unpickling can run code); convert it "
+                          "to model.safetensors (safetensors.torch.save_file(state_dict, 'model.safetensors') where you "
+                          "trust the file) or re-export the draft with export_draft")
+    raise FileNotFoundError(f"{p}: has no model.safetensors; a draft folder holds config.json + model.safetensors")
+
+def _check_weights_fit_config(cfg: dict, tensors: dict, weights: Path, cfg_path: Path):
+    "The header's layer count and hidden size against config.json, then every tensor's shape against the module built on the meta device (no memory)."
+    layers = {int(m[1]) for name in tensors if (m := re.match(r"layers\.(\d+)\.", name))}
+    if layers != set(range(cfg["num_hidden_layers"])):
+        raise ConfigError(f"{cfg_path}: `num_hidden_layers` {cfg['num_hidden_layers']} but {weights.name} holds "
+                          f"{len(layers)} layers (ids {min(layers, default=None)}..{max(layers, default=None)})")
+    norm = tensors.get("norm.weight", (None, None))[1]
+    if norm != [cfg["hidden_size"]]:
+        raise ConfigError(f"{cfg_path}: `hidden_size` {cfg['hidden_size']} but {weights.name} norm.weight has shape {norm}")
+    config = DFlashDraftModel.config_class.from_dict(cfg)
+    with torch.device("meta"): want = {k: list(v.shape) for k, v in DFlashDraftModel(config).state_dict().items()}
+    for name in sorted(set(want) | set(tensors)):
+        have = tensors.get(name, (None, None))[1]
+        if have != want.get(name):
+            raise ConfigError(f"{weights}: tensor {name!r} has shape {have} where {cfg_path.name} implies {want.get(name)}; "
+                              "the folder's config and weights are from different drafts")
+
+def _check_config_fits_target(cfg: dict, target_config, cfg_path: Path):
+    "The sizes a target fixes, before the draft is built (the full pairing check is decode.check_draft_fits)."
+    tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    for k in ("hidden_size", "vocab_size"):
+        if k in cfg and getattr(tc, k, cfg[k]) != cfg[k]:
+            raise ConfigError(f"{cfg_path}: `{k}` {cfg[k]} but the target's {k} is {getattr(tc, k)}: a draft of another target")
+
+def check_draft_folder(path, target_config=None) -> dict:
+    "A draft folder's config.json, safetensors header and (if given) the target's config checked against each other; reads no tensor. Returns the config."
+    p = Path(path)
+    cfg, weights = read_draft_config(p), _weights_file(p)
+    if target_config is not None: _check_config_fits_target(cfg, target_config, p / "config.json")
+    _check_weights_fit_config(cfg, read_safetensors_header(weights), weights, p / "config.json")
+    return cfg
+
+def load_draft(path, dtype=None, device=None, target_config=None) -> DFlashDraftModel:
+    """Load a draft folder (config.json + model.safetensors) written by `export_draft` or `save_pretrained`; eval mode.
+    `check_draft_folder` runs first: a malformed folder is one line, before the module is built."""
+    check_draft_folder(path, target_config)
     draft = DFlashDraftModel.from_pretrained(str(path), **({"dtype": dtype} if dtype is not None else {}))
     return draft.to(device).eval() if device is not None else draft.eval()
 

@@ -671,7 +671,9 @@ def _build_datasets(self: TrainDFlashRecipe):
     "Train and validation rows from the data cache: each node's first process builds what is missing, the others wait and map it."
     cfg, acc, out, cache = self.cfg, self.accelerator, [], data_cache_dir(self.cfg)
     if acc.is_local_main_process:
-        try: cache.mkdir(parents=True, exist_ok=True); tempfile.TemporaryDirectory(dir=cache).cleanup()
+        # no write probe: a read-only folder holding a finished cache (a shared, prebuilt one) is only read; a cache
+        # that must be built there is refused by cached_chat_dataset, naming the folder
+        try: cache.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"data_cache_dir: cannot write {cache} ({e.strerror}); choose a writable data_cache_dir") from None
     for key, cap in (("train_data", cfg.max_train_samples), ("eval_data", cfg.max_eval_samples)):

@@ -180,3 +180,84 @@ def test_embedded_lossless_50_prompts(projector_type, shift_label):
         assert st["committed"] == len(out) - 1
         ended["stop" if ref[-1] in stops else "limit"] += 1
     assert ended["stop"] > 0 and ended["limit"] > 0, ended
+
+
+# ---------------------------------------------------------------- malformed drafts and long prompts, in-process
+
+def _bench_main(capsys, *args):
+    "`bench decode` in this process: (exit status, stdout, stderr)."
+    from domino_research.bench import main
+    try: main(["decode", *map(str, args)]); code = 0
+    except SystemExit as e: code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _edit_config(**kv):
+    def edit(d):
+        js = json.loads((d / "config.json").read_text())
+        for k, v in kv.items():
+            if v is None: del js[k]
+            else: js[k] = v
+        (d / "config.json").write_text(json.dumps(js))
+    return edit
+
+
+def _edit_weights(edit_bytes):
+    def edit(d):
+        f = d / "model.safetensors"; f.write_bytes(edit_bytes(f.read_bytes()))
+    return edit
+
+
+def _as_pickle(d):
+    (d / "model.safetensors").unlink()
+    torch.save({"fc.weight": torch.zeros(2, 2)}, d / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize("case,edit,needles", [
+    ("hidden_huge", _edit_config(hidden_size=10**9), ("config.json", "`hidden_size` 1000000000")),
+    ("hidden_missing", _edit_config(hidden_size=None), ("config.json", "has no `hidden_size`")),
+    ("dtype_banana", _edit_config(dtype="banana"), ("config.json", "`dtype` 'banana'")),
+    ("layers_1000", _edit_config(num_hidden_layers=1000), ("config.json", "`num_hidden_layers` 1000", "holds 1 layers")),
+    ("header_2_40", _edit_weights(lambda b: (2**40).to_bytes(8, "little") + b[8:]), ("model.safetensors", "header length 1099511627776")),
+    ("offsets_past_end", _edit_weights(lambda b: b[:-100]), ("model.safetensors", "run past the end")),
+    ("config_list", lambda d: (d / "config.json").write_text("[1, 2]"), ("config.json", "expected a JSON object, got a list")),
+    ("pickle_bin", _as_pickle, ("pytorch_model.bin", "never loaded", "convert it to model.safetensors")),
+])
+def test_malformed_draft_is_one_line_before_building(toy, tmp_path, capsys, monkeypatch, case, edit, needles):
+    "Each fault: exit 2, one line naming the file and key; neither the draft module nor the target is built first."
+    import pickle, shutil
+    draft = tmp_path / case
+    shutil.copytree(toy / "draft", draft)
+    edit(draft)
+    def refuse(*a, **k): raise AssertionError("the draft was built before its files were checked")
+    monkeypatch.setattr(DFlashDraftModel, "from_pretrained", refuse)
+    monkeypatch.setattr(pickle, "load", refuse); monkeypatch.setattr(pickle, "loads", refuse)
+    import domino_research.evaluation as ev
+    monkeypatch.setattr(ev, "_load_target", lambda t: (_ for _ in ()).throw(AssertionError("the target loaded first")))
+    code, out, err = _bench_main(capsys, "--draft", draft, "--target", toy / "target", "--prompts", toy / "prompts.jsonl")
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err and out == "", err
+    for n in needles: assert n in lines[0], (n, lines[0])
+
+
+def test_long_prompts_refused_or_truncated(toy, tmp_path, capsys):
+    "prompt + max_new_tokens past the target's max_position_embeddings (here 64): refused naming the prompt, or cut and counted."
+    import shutil
+    target = tmp_path / "target"
+    shutil.copytree(toy / "target", target)                       # the same weights with a short stated context
+    js = json.loads((target / "config.json").read_text()); js["max_position_embeddings"] = 64
+    (target / "config.json").write_text(json.dumps(js))
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x): " * 20}) + "\n")
+    args = ("--draft", toy / "draft", "--target", target, "--prompts", prompts, "--prompt_seed", "none",
+            "--max_new_tokens", 4, "--per_prompt", "--json")
+    code, out, err = _bench_main(capsys, *args)
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and out == "", err
+    assert "prompt #0 (row 0)" in lines[0] and "max_position_embeddings 64" in lines[0] and "--long_prompts truncate" in lines[0]
+    code, out, err = _bench_main(capsys, *args, "--long_prompts", "truncate")
+    assert code == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["truncated_prompts"] == 1 and res["truncated_prompt_tokens"] > 0 and res["lossless"] is True
+    assert res["per_prompt"][0]["prompt_tokens"] == 64 - 4
