@@ -29,9 +29,10 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	PATH=$(abspath $(BIN)):$$PATH bash tests/run_all.sh
 
-# The checks that need a CUDA GPU (notebook 35) -> one JSON line on stdout; without a GPU: one line saying so, exit 0.
+# The checks that need a CUDA GPU (notebook 35) -> one JSON line on stdout; without a GPU: one line saying so, exit 0
+# (exit 1 if a GPU is there but torch cannot use it, or with GPU_CHECK_ARGS=--require_gpu).
 gpu-check: $(BIN)/.installed
-	$(BIN)/python -m domino_research.gpu_check
+	$(BIN)/python -m domino_research.gpu_check $(GPU_CHECK_ARGS)
 
 # The ablation table: 5 variants x 3 seeds at budgets of 360, 1080 and 2880 steps on the embedded default, decoded on
 # 64 stratified test prompts x 128 tokens, two runs at a time -> runs/ablations/main/ (resumes if interrupted: rerun the same command).
