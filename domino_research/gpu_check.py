@@ -317,7 +317,7 @@ def kill_and_resume(root, cuda: bool, nproc: int = 1, shard: bool = False, kill_
 
 # %% ../nbs/35_gpu_check.ipynb #927f207b
 TIE_MARGIN = 0.25  # logits: 2 bf16 ulps at |logit| in [16, 32); a closer top two can swap between batched and 1-token matmuls
-MIN_TAU = 1.05     # an untrained draft's τ is ~1.0, the shipped draft 1.1 on the CPU (20 prompts x 128 tokens; its README)
+MIN_TAU = 1.05     # an untrained draft's τ is ~1.0, the shipped draft's 1.12 (CPU, 5 prompts x 64 tokens; its README)
 
 def shipped_draft_dir() -> Path:
     "The small trained Domino draft of the embedded target that this check decodes with."
@@ -388,8 +388,11 @@ BUDGET = {
                     "compile per process; margin: 2 CUDA inits"),
     "step_cost": (1.4, 1, 45, "2 steps per backend; 1 recompile at the new shape; margin: the Qwen3-8B sizes (a 3 B-"
                   "parameter random target, 151936-token cross-entropy), measured at TINY_STEP on the CPU"),
-    "decode_efficiency": (40.0, 0, 20, "20 prompts x 128 tokens: greedy + speculative with and without the head "
-                          "(no Flex); margin: re-decoding any differing prompt for the tie rule"),
+    # not a CPU figure: on the CPU decoding is compute-bound (5 prompts x 64 tokens took 171.6 CPU s); on the GPU the
+    # tiny target's 20 x 128 decode is launch-bound (~7,700 small forwards of a few ms): an estimate until the first
+    # GPU run's `seconds` confirms it (past its limit the part is stopped and fails, it cannot pass silently)
+    "decode_efficiency": (40.0, 0, 20, "ESTIMATE (see above): 20 prompts x 128 tokens, greedy + speculative with and "
+                          "without the head (no Flex); margin: re-decoding any differing prompt for the tie rule"),
 }
 
 def part_limit(name: str) -> float:
