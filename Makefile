@@ -12,8 +12,9 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test env lab lock ablations gpu-check
 
+# A stock older Python would fail deep inside pip on the first pin that needs 3.11: the venv's Python is checked first.
 $(BIN)/.installed: pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || { $(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(v < (3, 11) and f"make: $(PYTHON) is Python {v[0]}.{v[1]}; the pinned packages (constraints.txt) need Python >= 3.11: run make PYTHON=python3.11 ...")' && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
@@ -32,9 +33,10 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	PATH=$(abspath $(BIN)):$$PATH bash tests/run_all.sh
 
-# The checks that need a CUDA GPU (notebook 35) -> one JSON line on stdout; without a GPU: one line saying so, exit 0.
+# The checks that need a CUDA GPU (notebook 35) -> one JSON line on stdout; without a GPU: one line saying so, exit 0
+# (exit 1 if a GPU is there but torch cannot use it, or with GPU_CHECK_ARGS=--require_gpu).
 gpu-check: $(BIN)/.installed
-	$(BIN)/python -m domino_research.gpu_check
+	$(BIN)/python -m domino_research.gpu_check $(GPU_CHECK_ARGS)
 
 # The ablation table: 5 variants x 3 seeds at budgets of 360, 1080 and 2880 steps on the embedded default, decoded on
 # 64 stratified test prompts x 128 tokens, two runs at a time -> runs/ablations/main/ (resumes if interrupted: rerun the same command).

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ from .config import ConfigError, DFlashConfig
 
 # %% auto #0
 __all__ = ['draft_qwen3_config', 'DFlashRotaryEmbedding', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation',
-           'DFlashDraftModel']
+           'DFlashDraftModel', 'gru_dtype']
 
 # %% ../nbs/03_draft.ipynb #69e66497
 def _rope_parameters(cfg) -> dict:
@@ -238,22 +239,36 @@ def _require_head(draft):
         raise ConfigError("this draft has no Domino head (dflash_config.projector_type is not 'domino'): build it with "
                           "projector_type='domino' to use the head.")
 
+def gru_dtype(draft) -> torch.dtype:
+    "The dtype the head's GRU computes in: its weights' dtype (fp32 or bf16), fp32 for fp16 weights; never fp16."
+    dt = draft.prefix_gru.weight_ih_l0.dtype
+    return torch.float32 if dt == torch.float16 else dt
+
+def _no_autocast(device: torch.device):
+    # CUDA autocast casts every RNN (cuDNN's and the cells) to fp16 whatever autocast dtype the run chose, and a bf16
+    # run has no loss scaler, so small GRU gradients would underflow: the GRU runs outside autocast, in gru_dtype.
+    dev = device.type
+    return torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else nullcontext()
+
 @patch
 def head_states(self: DFlashDraftModel, embeds: torch.Tensor) -> torch.Tensor:
     "GRU states `[..., L, G]` after reading each prefix of `embeds [..., L, H]` from a zero state (teacher forcing)."
     _require_head(self)
-    gru = self.prefix_gru
-    lead = embeds.shape[:-2]
-    out, _ = gru(embeds.to(gru.weight_ih_l0.dtype).reshape(-1, *embeds.shape[-2:]))
+    gru, dt = self.prefix_gru, gru_dtype(self)
+    lead, x = embeds.shape[:-2], embeds.to(dt).reshape(-1, *embeds.shape[-2:])
+    with _no_autocast(embeds.device):
+        if gru.weight_ih_l0.dtype == dt: out, _ = gru(x)
+        else: out, _ = torch.func.functional_call(gru, {n: p.to(dt) for n, p in gru.named_parameters()}, (x,))
     return out.reshape(*lead, *out.shape[-2:])
 
 @patch
 def head_step(self: DFlashDraftModel, embed: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
     "One GRU step: the state `[N, G]` after reading `embed [N, H]` from state `h [N, G]` (None: zero state)."
     _require_head(self)
-    w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0     # nn.GRU's gate order r, z, n
-    if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=w_hh.dtype)
-    return torch.gru_cell(embed.to(w_ih.dtype), h, w_ih, w_hh)
+    dt = gru_dtype(self)
+    w_ih, w_hh = self.prefix_gru.weight_ih_l0.to(dt), self.prefix_gru.weight_hh_l0.to(dt)  # gate order r, z, n
+    if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=dt)
+    with _no_autocast(embed.device): return torch.gru_cell(embed.to(dt), h.to(dt), w_ih, w_hh)
 
 @patch
 def head_input(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -287,18 +302,17 @@ def head_rollout(self: DFlashDraftModel,
     "Greedy corrected ids of `n` slots; the GRU reads `read`, then each chosen id's embedding before the next slot."
     _require_head(self)
     w_in, act, w_out = self.embed_proj[0].weight, self.embed_proj[1], self.embed_proj[2].weight
-    w_ih, w_hh = self.prefix_gru.weight_ih_l0, self.prefix_gru.weight_hh_l0
     zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
     w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
     pool = 0 < candidate_k < base.shape[-1]
     h, out = None, []
     for e in read.split(1): h = self.head_step(e, h)                            # [1, G]; cells: cheaper than nn.GRU here
     for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
-        u = act(torch.addmv(zk, w_s, h[0]))                                     # [E]
+        u = act(torch.addmv(zk, w_s, h[0].to(w_s.dtype)))                       # [E]
         if pool:
             top = bk.topk(candidate_k).indices                                  # [K]
             d = int(top[torch.addmv(bk[top], w_out[top], u).argmax()])
         else: d = int(torch.addmv(bk, w_out, u).argmax())
         out.append(d)
-        if k + 1 < len(zin): h = torch.gru_cell(embed_table[d : d + 1].to(w_ih.dtype), h, w_ih, w_hh)
+        if k + 1 < len(zin): h = self.head_step(embed_table[d : d + 1], h)    # the one GRU path (its precision)
     return out

@@ -5,8 +5,9 @@
 # %% ../nbs/35_gpu_check.ipynb #7af2009e
 from __future__ import annotations
 
-import argparse, copy, json, math, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, copy, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
 from contextlib import nullcontext
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -19,29 +20,92 @@ from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer
 from .target import capture_features, freeze, target_embed, target_lm_head
 from .data import toy_chat_tokenizer
-from .embedded import load_embedded_target
-from .evaluation import evaluate_draft
-from .train import load_train_config
+from .decode import greedy_generate, speculative_generate
+from .embedded import embedded_dataset_path, load_embedded_target
+from .evaluation import encode_prompt, evaluate_draft, read_prompts, sample_prompts, stop_token_ids
+from .export import load_draft
 
 # %% auto #0
-__all__ = ['NO_GPU', 'QWEN3_8B_STEP', 'TINY_STEP', 'PARTS', 'run_part', 'report_line', 'gpu_notebooks', 'run_gpu_notebooks',
+__all__ = ['NO_GPU', 'QWEN3_8B_STEP', 'TINY_STEP', 'TIE_MARGIN', 'MIN_TAU', 'PARTS', 'COMPILE_S', 'MAX_COMPILES', 'STARTUP_S',
+           'TOTAL_S', 'BUDGET', 'PartTimeout', 'compiled_graphs', 'cpu_seconds', 'run_part', 'report_line',
+           'expected_gpu', 'torch_build', 'cuda_usable', 'gpu_gate', 'gpu_notebooks', 'run_gpu_notebooks',
            'random_qwen3', 'domino_draft', 'random_batch', 'domino_loss', 'flex_sdpa_parity', 'step_cost',
-           'tiny_run_config', 'shard_plan', 'kill_and_resume', 'decode_efficiency', 'main']
+           'tiny_run_config', 'shard_plan', 'kill_and_resume', 'shipped_draft_dir', 'first_difference', 'top2_gap',
+           'compare_with_ties', 'decode_efficiency', 'part_limit', 'budget_table', 'print_budget', 'main']
 
 # %% ../nbs/35_gpu_check.ipynb #e464a638
 NO_GPU = "gpu_check: no CUDA device on this machine, so no GPU check ran (run `make gpu-check` where a GPU is visible)"
 
-def run_part(fn, *args, **kwargs) -> dict:
-    "`fn`'s result dict plus `ok` (default true) and `seconds`; an exception becomes `ok: false` and a one-line `error`."
-    t0 = time.perf_counter()
+class PartTimeout(Exception): "A part ran past its time limit (the budget table)."
+
+def compiled_graphs() -> int:
+    "Graphs torch.compile has built in this process so far (each one a compile, or a recompile)."
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+def _alarm(limit: float | None):
+    "SIGALRM after `limit` seconds raises PartTimeout in the main thread; returns a function that cancels it."
+    if limit is None or not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    def expire(signum, frame): raise PartTimeout(f"ran past its limit of {limit:.0f} s (the budget table)")
+    old = signal.signal(signal.SIGALRM, expire); signal.setitimer(signal.ITIMER_REAL, limit)
+    def cancel(): signal.setitimer(signal.ITIMER_REAL, 0); signal.signal(signal.SIGALRM, old)
+    return cancel
+
+def cpu_seconds() -> float:
+    "User + system CPU seconds of this process and its finished children: unlike wall time, not inflated by other load."
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+def run_part(fn, *args, limit: float | None = None, **kwargs) -> dict:
+    "`fn`'s dict plus `ok` (default true), `seconds`, `cpu_s`, `compiles` (graphs compiled here); an exception or `limit` s -> `ok: false`, one-line `error`."
+    t0, c0, g0, cancel = time.perf_counter(), cpu_seconds(), compiled_graphs(), _alarm(limit)
     try: out = fn(*args, **kwargs)
     except Exception as e:   # a failing check is a finding to report, not a reason to lose the other checks' numbers
         out = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"}
-    return {"ok": True, **out, "seconds": round(time.perf_counter() - t0, 2)}
+    finally: cancel()
+    return {"ok": True, **out, "seconds": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu_seconds() - c0, 1),
+            "compiles": compiled_graphs() - g0}
 
 def report_line(parts: dict, **info) -> str:
     "The one JSON line: `info`, `ok` (every part ok) and each part's dict."
     return dumps_strict({**info, "ok": all(p.get("ok", False) for p in parts.values()), **parts})
+
+# %% ../nbs/35_gpu_check.ipynb #a3f6f7ed
+def expected_gpu(env=None) -> str | None:
+    "Why this machine should have a usable GPU (CUDA_VISIBLE_DEVICES names devices, or `nvidia-smi -L` lists one), else None."
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None: return f"CUDA_VISIBLE_DEVICES={visible}" if visible.strip() not in ("", "-1") else None
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi is None: return None
+    try: listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError): return None
+    gpus = [l.strip() for l in listed.splitlines() if l.startswith("GPU ")]
+    return f"nvidia-smi lists {len(gpus)} GPU(s): {gpus[0].split(' (UUID')[0]}" if gpus else None
+
+def torch_build() -> str:
+    "The torch build in words: version and the CUDA it was built for."
+    cuda = torch.version.cuda
+    return f"torch {torch.__version__} built for CUDA {cuda}" if cuda else f"torch {torch.__version__}, a CPU-only build (torch.version.cuda is None)"
+
+def cuda_usable() -> tuple[bool, str]:
+    "torch.cuda.is_available() and, when false, torch's own warning (an old driver says so there) in one line."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = torch.cuda.is_available()
+    return ok, " ".join(" ".join(str(w.message).split()) for w in caught)[:300]
+
+def gpu_gate(require_gpu: bool, env=None) -> tuple[int, str] | None:
+    "None when torch can use a GPU; else (exit code, the one line): 1 if a GPU is expected or required, 0 if none is."
+    ok, warning = cuda_usable()
+    if ok: return None
+    if (why := expected_gpu(env)):
+        return 1, (f"gpu_check: error: this machine has a GPU ({why}) but torch cannot use it: {torch_build()}"
+                   + (f" ({warning})" if warning else "") + "; install a torch build for this driver's CUDA (nvidia-smi shows "
+                   "its 'CUDA Version'), e.g. pip install torch --index-url https://download.pytorch.org/whl/cu128")
+    if require_gpu: return 1, f"gpu_check: error: --require_gpu, but there is no GPU on this machine ({torch_build()})"
+    return 0, NO_GPU
 
 # %% ../nbs/35_gpu_check.ipynb #605bf391
 _GPU_FLAG = re.compile(r"^#\|\s*gpu\s*$", re.M)
@@ -252,49 +316,142 @@ def kill_and_resume(root, cuda: bool, nproc: int = 1, shard: bool = False, kill_
                 **({} if ok else {"error": (p.stdout + p.stderr)[-1500:]}))
 
 # %% ../nbs/35_gpu_check.ipynb #927f207b
-def decode_efficiency(device="cuda", n_prompts: int = 20, max_new_tokens: int = 128, seed: int = 0) -> dict:
-    "Efficiency (speed-up / τ), τ, speed-up and the per-step profile of speculative decoding on the embedded target."
+TIE_MARGIN = 0.25  # logits: 2 bf16 ulps at |logit| in [16, 32); a closer top two can swap between batched and 1-token matmuls
+MIN_TAU = 1.05     # an untrained draft's τ is ~1.0, the shipped draft's 1.12 (CPU, 5 prompts x 64 tokens; its README)
+
+def shipped_draft_dir() -> Path:
+    "The small trained Domino draft of the embedded target that this check decodes with."
+    return Path(str(files("domino_research") / "assets" / "gpu_check_draft"))
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    "The first position where `a` and `b` differ (one ending first counts as a difference there), None if equal."
+    if a == b: return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+@torch.no_grad()
+def top2_gap(model, ids: torch.Tensor) -> float:
+    "The target's top-1 minus top-2 logit for the token after `ids [1, T]`."
+    top = model(ids).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
+
+def compare_with_ties(model, prompt_ids: torch.Tensor, ref: list[int], spec: list[int], margin: float = TIE_MARGIN) -> dict:
+    "Speculative `spec` vs greedy `ref` tokens: `match`; else at the first difference a `tie` (top-two gap ≤ margin) or a `mismatch`."
+    i = first_difference(ref, spec)
+    if i is None: return {"verdict": "match"}
+    ctx = torch.cat([prompt_ids, torch.tensor([ref[:i]], dtype=prompt_ids.dtype, device=prompt_ids.device)], 1)
+    gap = top2_gap(model, ctx)
+    return {"verdict": "tie" if gap <= margin else "mismatch", "position": i, "top2_gap": round(gap, 4)}
+
+def _recheck(model, tok, draft, sample, row, max_new_tokens) -> list[dict]:
+    "Tie-or-mismatch verdicts for the variants of one prompt that were not token-equal in evaluate_draft."
+    rec = next(s for s in sample if s["id"] == row["prompt_id"])
+    ids = encode_prompt(tok, rec["messages"]).to(next(model.parameters()).device)
+    stops, ref, out = stop_token_ids(tok, model), None, []
+    for name in ("spec", "base"):
+        if row.get(f"lossless_{name}") is not False: continue
+        ref = ref if ref is not None else greedy_generate(model, ids, max_new_tokens, stops)
+        spec, _ = speculative_generate(model, draft, ids, max_new_tokens, stops, use_head=name == "spec")
+        out.append({"prompt_id": rec["id"], "variant": name, **compare_with_ties(model, ids, ref, spec)})
+    return out
+
+def decode_efficiency(device="cuda", n_prompts: int = 20, max_new_tokens: int = 128, seed: int = 0, draft_dir=None,
+                      min_tau: float = MIN_TAU) -> dict:
+    "Efficiency (speed-up / τ), τ, speed-up, the per-step profile and tie-tolerant losslessness of the shipped trained draft."
     model, tok = load_embedded_target()
     model = model.to(device)
-    torch.manual_seed(seed)
-    cfg = load_train_config("embedded_domino")                          # the embedded Domino recipe's sizes
-    dfl = DFlashConfig(mask_token_id=cfg.mask_token_id, block_size=cfg.block_size, shift_label=cfg.shift_label,
-                       projector_type="domino", emb_dim=cfg.emb_dim, gru_hidden_dim=cfg.gru_hidden_dim)
-    draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, cfg.draft_num_hidden_layers)).eval().to(device)
-    r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens)
-    return {"ok": bool(r["lossless"]), "efficiency": r["efficiency"], "tau": r["tau"], "speedup": r["speedup"],
-            "profile": r["profile"], "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
+    draft_dir = Path(draft_dir) if draft_dir is not None else shipped_draft_dir()
+    draft = load_draft(draft_dir)
+    r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens, prompt_seed=seed)
+    sample = sample_prompts(read_prompts(embedded_dataset_path("test")), n_prompts, seed)   # evaluate_draft's sample
+    verdicts = [v for row in r["per_prompt"] for v in _recheck(model, tok, draft, sample, row, max_new_tokens)]
+    bad = [v for v in verdicts if v["verdict"] == "mismatch"]
+    ties = sum(v["verdict"] == "tie" for v in verdicts)
+    return {"ok": not bad and r["tau"] >= min_tau, "efficiency": r["efficiency"], "tau": r["tau"], "min_tau": min_tau,
+            "speedup": r["speedup"], "exactly_equal": bool(r["lossless"]), "ties": ties, "mismatches": bad,
+            "tie_margin": TIE_MARGIN, "profile": r["profile"], "n_prompts": n_prompts, "max_new_tokens": max_new_tokens,
+            "draft": draft_dir.name, "draft_bytes": sum(f.stat().st_size for f in draft_dir.glob("*.safetensors"))}
+
+# %% ../nbs/35_gpu_check.ipynb #e9ef1bb8
+PARTS = ("notebooks", "flex_vs_sdpa", "kill_resume", "step_cost", "decode_efficiency")
+COMPILE_S = 30     # one FlexAttention compile on the GPU machine (forward + backward, Inductor + Triton): 13-20 s on CPU
+MAX_COMPILES = 4   # dynamo recompile limit per compiled function in this process: a 5th shape runs eagerly
+STARTUP_S = 30     # imports, the CUDA context, the GPU gate: outside every part
+TOTAL_S = 600      # `make gpu-check` must finish in ten minutes
+# part: (CPU seconds (user + sys, this process and its children: not inflated by other load) measured at the tiny sizes
+# with `--cpu` on the 2-core runner, compiles it may do, margin s for what the CPU run does not exercise, why)
+BUDGET = {
+    "notebooks": (61.0, 4, 40, "nbdev_test --flags gpu on 02/04/05/06 (CPU s 12 + 34 + 11 + 4 of the CPU cells); "
+                  "2 compiles in each of the Flex cells of 02 and 05; margin: 4 kernel starts with CUDA init"),
+    "flex_vs_sdpa": (6.2, 1, 15, "one Domino step per backend at seq 512; 1 Flex compile; margin: the bf16 backward "
+                     "(forward only on the CPU)"),
+    "kill_resume": (32.7, 2, 30, "2 training processes (killed, resumed) at seq 128, 6 steps + validation; 1 Flex "
+                    "compile per process; margin: 2 CUDA inits"),
+    "step_cost": (1.4, 1, 45, "2 steps per backend; 1 recompile at the new shape; margin: the Qwen3-8B sizes (a 3 B-"
+                  "parameter random target, 151936-token cross-entropy), measured at TINY_STEP on the CPU"),
+    # not a CPU figure: on the CPU decoding is compute-bound (5 prompts x 64 tokens took 171.6 CPU s); on the GPU the
+    # tiny target's 20 x 128 decode is launch-bound (~7,700 small forwards of a few ms): an estimate until the first
+    # GPU run's `seconds` confirms it (past its limit the part is stopped and fails, it cannot pass silently)
+    "decode_efficiency": (40.0, 0, 20, "ESTIMATE (see above): 20 prompts x 128 tokens, greedy + speculative with and "
+                          "without the head (no Flex); margin: re-decoding any differing prompt for the tie rule"),
+}
+
+def part_limit(name: str) -> float:
+    "Seconds `name` may run: measured CPU time + compiles x COMPILE_S + margin."
+    cpu_s, compiles, margin, _ = BUDGET[name]
+    return cpu_s + compiles * COMPILE_S + margin
+
+def budget_table(parts=PARTS) -> list[dict]:
+    "One row per part: limit and why, plus the total (with STARTUP_S) against TOTAL_S."
+    rows = [dict(part=p, cpu_s=BUDGET[p][0], compiles=BUDGET[p][1], compile_s=COMPILE_S, margin_s=BUDGET[p][2],
+                 limit_s=part_limit(p), why=BUDGET[p][3]) for p in parts]
+    return rows + [dict(part="total", limit_s=STARTUP_S + sum(r["limit_s"] for r in rows), why=f"startup {STARTUP_S} s "
+                        f"+ the parts; must be <= {TOTAL_S} s")]
+
+def print_budget(rows, file=sys.stderr):
+    for r in rows:
+        head = f"{r['part']:<18} limit {r['limit_s']:5.0f} s"
+        if "cpu_s" in r: head += f" = cpu {r['cpu_s']:.0f} + {r['compiles']} x {r['compile_s']} + {r['margin_s']}"
+        print(f"gpu_check: budget {head:<54} {r['why']}", file=file, flush=True)
 
 # %% ../nbs/35_gpu_check.ipynb #3ff08005
-PARTS = ("notebooks", "flex_vs_sdpa", "kill_resume", "step_cost", "decode_efficiency")
-
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m domino_research.gpu_check", description="The GPU checks; prints one JSON line.")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--cpu", action="store_true", help="run the parts that can on the CPU (tests the driver without a GPU)")
+    p.add_argument("--require_gpu", action="store_true", help="no usable GPU is a failure (exit 1), not a skip")
     p.add_argument("--nbs", default=None, help="the notebooks folder (default: nbs/ of this clone)")
     a = p.parse_args(argv)
     a.parts = [s.strip() for s in a.parts.split(",") if s.strip()]
     if (bad := [x for x in a.parts if x not in PARTS]): raise ValueError(f"--parts: unknown {bad}; choose from {', '.join(PARTS)}")
     return a
 
+def _bound_compiles():
+    "At most MAX_COMPILES graphs per compiled function in this process (torch renamed cache_size_limit to recompile_limit)."
+    cfg = torch._dynamo.config
+    setattr(cfg, "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit", MAX_COMPILES)
+
 def _run_parts(a, cuda: bool, tmp: Path) -> dict:
     import domino_research
     dev, parts = "cuda" if cuda else "cpu", {}
     nproc, shard, why = shard_plan(cuda)
     for name in a.parts:
+        limit = part_limit(name) if cuda else None             # the CPU mode tests the driver: no GPU budget there
         if name == "notebooks":
             nbs = a.nbs or Path(domino_research.__file__).resolve().parents[1] / "nbs"
-            parts[name] = run_part(run_gpu_notebooks, nbs) if cuda else {"ok": True, "skipped": "cpu mode: #| gpu cells need CUDA"}
-        elif name == "flex_vs_sdpa": parts[name] = run_part(flex_sdpa_parity, dev)
+            parts[name] = ({**run_part(run_gpu_notebooks, nbs, timeout=limit), "compiles": None} if cuda else
+                           {"ok": True, "skipped": "cpu mode: #| gpu cells need CUDA"})
+        elif name == "flex_vs_sdpa": parts[name] = run_part(flex_sdpa_parity, dev, limit=limit)
         elif name == "kill_resume":
-            parts[name] = run_part(kill_and_resume, tmp / "kill_resume", cuda, nproc=nproc, shard=shard)
+            parts[name] = {**run_part(kill_and_resume, tmp / "kill_resume", cuda, nproc=nproc, shard=shard,
+                                      timeout=limit / 2 if cuda else 180), "compiles": None}
             parts["shard_target"] = {"ok": parts[name]["ok"], "ran": True} if shard else {"ok": True, "skipped": why}
         elif name == "step_cost":            # no Flex backward on the CPU: there only SDPA, at tiny sizes
             sizes, backends = (QWEN3_8B_STEP, ("flex_attention", "sdpa")) if cuda else (TINY_STEP, ("sdpa",))
-            parts[name] = run_part(step_cost, sizes, backends=backends, device=dev)
+            parts[name] = run_part(step_cost, sizes, backends=backends, device=dev, limit=limit)
         elif name == "decode_efficiency":
-            parts[name] = run_part(decode_efficiency, dev, *((20, 128) if cuda else (2, 16)))
+            parts[name] = run_part(decode_efficiency, dev, *((20, 128, 0) if cuda else (2, 16, 0)), limit=limit,
+                                   min_tau=MIN_TAU if cuda else 1.0)   # 2 x 16 CPU tokens cannot separate a weak draft from none
+        if limit is not None: parts[name]["limit_s"] = limit
         print(f"gpu_check: {name} {'ok' if parts[name]['ok'] else 'FAILED'} ({parts[name].get('seconds', 0)} s)",
               file=sys.stderr, flush=True)
     return parts
@@ -302,14 +459,20 @@ def _run_parts(a, cuda: bool, tmp: Path) -> dict:
 def main(argv=None) -> int:
     try: a = _parse_args(argv)
     except ValueError as e: print(f"gpu_check: error: {e}", file=sys.stderr); return 2
-    if not torch.cuda.is_available() and not a.cpu:
-        print(NO_GPU); print(dumps_strict({"gpu": False, "ok": True, "reason": "no CUDA device"}), flush=True); return 0
+    if not a.cpu and (gate := gpu_gate(a.require_gpu)) is not None:
+        code, line = gate
+        if code: print(line, file=sys.stderr); return code
+        print(line); print(dumps_strict({"gpu": False, "ok": True, "reason": "no CUDA device"}), flush=True); return 0
     cuda, t0 = not a.cpu, time.perf_counter()
+    budget = budget_table(a.parts)
+    if cuda: print_budget(budget); _bound_compiles()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         (Path(tmp) / "kill_resume").mkdir()
         parts = _run_parts(a, cuda, Path(tmp))
     info = dict(gpu=cuda, device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
-                seconds=round(time.perf_counter() - t0, 1))
+                torch_cuda=torch.version.cuda, seconds=round(time.perf_counter() - t0, 1),
+                compiles=sum(p.get("compiles") or 0 for p in parts.values()), max_compiles=MAX_COMPILES,
+                budget={r["part"]: r["limit_s"] for r in budget})
     line = report_line(parts, **info)
     print(line, flush=True)
     return 0 if json.loads(line)["ok"] else 1
