@@ -429,6 +429,13 @@ _BUILD_SPACE_FACTOR = 9   # bound on a build's peak bytes / the JSONL's bytes (e
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
+def _full_disk_error(e: BaseException) -> OSError | None:
+    "The full-disk `OSError` behind `e`, if any: `datasets` wraps a writer's ENOSPC in its own DatasetGenerationError."
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return e
+        e = e.__cause__ or e.__context__
+    return None
+
 def _disk_full(cache_dir: Path, source: str, tmp: Path, what: str, e: OSError) -> ChatCacheError:
     "One line: the full folder, what the build had written when it stopped, and about how much it needs."
     written, mb = _folder_bytes(tmp), lambda b: f"{b / 1e6:.1f} MB"
@@ -495,9 +502,9 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
             shutil.rmtree(tmp, ignore_errors=True)
             raise CacheBuildInterrupted(f"stopped while {stage['now']} of {source} into {cache_dir}; nothing was cached and "
                                         "its temp folder is removed: run the same command again to build it") from None
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
-            raise _disk_full(cache_dir, source, tmp, stage["now"], e) from None
+        except Exception as e:
+            if (full := _full_disk_error(e)) is None: raise
+            raise _disk_full(cache_dir, source, tmp, stage["now"], full) from None
         finally: shutil.rmtree(tmp, ignore_errors=True)
         ds, stats = _load_chat_cache(final)
     if verbose: print(f"{chat_stats_line(stats, seq_length)}; {how} {final}", flush=True)

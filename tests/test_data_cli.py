@@ -162,8 +162,10 @@ def _full_disk(cache, monkeypatch):
     yield
 
 
-def test_full_cache_disk_is_one_line_and_leaves_nothing(tiny, tmp_path, monkeypatch, capsys):
-    src, cache = write_jsonl(tmp_path / "big.jsonl", _rows(600) * 2), tmp_path / "full"   # 0.2 MB of JSONL, ~2 MB to build
+@pytest.mark.parametrize("copies", [2, 20])   # 0.2 MB of JSONL (~2 MB to build); 2 MB: full while reading the rows in
+def test_full_cache_disk_is_one_line_and_leaves_nothing(tiny, tmp_path, monkeypatch, capsys, copies):
+    "Full while tokenising, or already while `datasets` reads the rows in (it wraps the ENOSPC in its own error)."
+    src, cache = write_jsonl(tmp_path / "big.jsonl", _rows(600) * copies), tmp_path / "full"
     with _full_disk(cache, monkeypatch):
         with pytest.raises(SystemExit) as e: _build(tiny, src, cache)
         line = _one_error_line(capsys, e, f"data_cache_dir {cache} is full", "No space left on device", "it needs about")
