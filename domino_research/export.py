@@ -96,7 +96,8 @@ def read_safetensors_header(path) -> dict[str, tuple[str, list[int]]]:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little") if size >= 8 else None
         if n is None or n > size - 8 or n > _ST_MAX_HEADER:
-            raise ConfigError(f"{path}: header length {n} bytes but the file holds {size} bytes: truncated or not a "
+            what = f"header length {n} bytes but the file holds {size} bytes" if n is not None else f"{size} bytes, too short for a header"
+            raise ConfigError(f"{path}: {what}: truncated or not a "
                               "safetensors file; re-export the draft")
         try: header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError): header = None

@@ -297,7 +297,7 @@ def _written_or_removed(tmp: Path, size, target: Path, fix: str):
         if full: raise no_space(target, needed, fix) from None
         raise
 
-RESUME_FIX = "free some space there, then continue with --resume latest (the checkpoints before it are intact)"
+RESUME_FIX = "free some space there, then continue with --resume latest (any earlier checkpoint is intact)"
 
 def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
                     config: dict, keep: int = 2, draft_state: Optional[dict] = None) -> Path:
