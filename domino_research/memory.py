@@ -6,17 +6,16 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import domino_research
@@ -27,8 +26,8 @@ from .embedded import embedded_target_path
 from .target import capture_features, freeze, target_embed, target_lm_head
 
 # %% auto #0
-__all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'memory_target_config', 'RealIntegers', 'FrozenAwareMemTracker', 'measure_memory',
-           'memory_table']
+__all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'CONFIG_DIR', 'memory_target_config', 'RealIntegers', 'FrozenAwareMemTracker',
+           'measure_memory', 'memory_table', 'read_recipe_config', 'measure_config']
 
 # %% ../nbs/16_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"
@@ -195,3 +194,33 @@ def memory_table(r: dict) -> str:
     rows.append(f"(GiB per rank; ddp_buckets computed, the rest measured; the SDPA dense mask, {r['sdpa_mask_bytes'] / GiB:.2f} "
                 "GiB, is in activations where live: flex_attention would not allocate it)")
     return "\n".join(rows)
+
+# %% ../nbs/16_memory.ipynb #mem00021
+CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
+_MEASURE_KEYS = ("recipe", "gradient_checkpointing", "micro_batch_size", "seq_length", "num_anchors", "block_size",
+                 "draft_num_hidden_layers", "draft_intermediate_size", "target_layer_ids", "shift_label", "emb_dim",
+                 "gru_hidden_dim", "pure_draft_prefix_len", "loss_decay_gamma", "shard_draft", "shard_target")
+_RECIPE_DEFAULTS = {"domino": dict(shift_label=True, num_anchors=256), "dflash": dict(shift_label=False, num_anchors=512)}
+
+def read_recipe_config(config: str) -> dict:
+    "A training YAML (path, or shipped name such as `qwen3_8b_domino`) as a dict, read without executing anything."
+    p = Path(config).expanduser()
+    path = p if p.suffix in (".yaml", ".yml") else CONFIG_DIR / f"{config}.yaml"
+    if not path.is_file():
+        names = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
+        raise ConfigError(f"config {config!r} is neither a .yaml file nor a shipped config {names}")
+    try: raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
+    return raw
+
+def measure_config(config: str, num_processes: int = 1, gradient_as_bucket_view: bool = True, **overrides) -> dict:
+    "`measure_memory` at a recipe config's sizes on `num_processes` ranks; `overrides` (None = the file's) win."
+    raw = read_recipe_config(config)
+    recipe = overrides.get("recipe") or raw.get("recipe", "domino")
+    kw = {**_RECIPE_DEFAULTS.get(recipe, {}), **{k: raw[k] for k in _MEASURE_KEYS if k in raw},
+          **{k: v for k, v in overrides.items() if v is not None}, "recipe": recipe}
+    r = measure_memory(memory_target_config(raw.get("target", "embedded")), world_size=num_processes,
+                       gradient_as_bucket_view=gradient_as_bucket_view, **kw)
+    r["config"].update(config=str(config), target=raw.get("target", "embedded"))
+    return r
