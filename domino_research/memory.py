@@ -27,7 +27,7 @@ from .target import capture_features, freeze, target_embed, target_lm_head
 
 # %% auto #0
 __all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'CONFIG_DIR', 'memory_target_config', 'RealIntegers', 'FrozenAwareMemTracker',
-           'measure_memory', 'memory_table', 'read_recipe_config', 'measure_config']
+           'measure_memory', 'memory_table', 'read_recipe_config', 'measure_config', 'estimate_step_memory']
 
 # %% ../nbs/16_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"
@@ -224,3 +224,26 @@ def measure_config(config: str, num_processes: int = 1, gradient_as_bucket_view:
                        gradient_as_bucket_view=gradient_as_bucket_view, **kw)
     r["config"].update(config=str(config), target=raw.get("target", "embedded"))
     return r
+
+# %% ../nbs/16_memory.ipynb #mem00024
+def estimate_step_memory(target_bytes: int, draft_params: int, draft_layer_params: int, *, hidden: int, intermediate: int,
+                         gru_hidden: int, num_draft_layers: int, num_target_features: int, world_size: int = 1,
+                         shard_draft: bool = False, gradient_checkpointing: bool = False, micro_batch_size: int = 1,
+                         seq_length: int = 3072, num_anchors: int = 256, block_size: int = 16,
+                         gradient_as_bucket_view: bool = True) -> dict:
+    "Bytes per rank of one training step from the sizes alone (the formula above): the categories and `total`."
+    H, I, G, L = hidden, intermediate, gru_hidden, num_draft_layers
+    W = world_size if shard_draft else 1
+    d, r = 4 * draft_params / W, (2 if shard_draft and world_size > 1 else 4)
+    t, c = micro_batch_size * num_anchors * block_size, micro_batch_size * seq_length   # block tokens, context tokens
+    per_layer = t * ((5 * r + 20) * H + 8 * I) + (c + t) * (r + 9.5) * H
+    copies = 0 if shard_draft and world_size > 1 else 2 * draft_layer_params          # autocast's bf16 weights
+    outside = c * ((4 + r) * num_target_features * H + 2 * r * H) + t * (10 * (H + G) + 16 * G)
+    if gradient_checkpointing: acts = L * t * r * H + per_layer + copies + outside
+    else: acts = L * (per_layer + copies) + outside
+    weights = d + (4 * draft_layer_params if shard_draft and world_size > 1 else 0)   # + two layers gathered in bf16
+    ddp = 0 if (world_size == 1 or shard_draft or gradient_as_bucket_view) else d
+    step = target_bytes + 5 * d + ddp
+    fw_bw = target_bytes + weights + acts + ddp + (d if gradient_checkpointing else 0)
+    return dict(target=target_bytes, draft=5 * d, activations=acts, ddp_buckets=ddp, step_peak=step,
+                forward_backward_peak=fw_bw, total=max(step, fw_bw))
