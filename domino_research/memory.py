@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -26,8 +25,8 @@ from .embedded import embedded_target_path
 from .target import capture_features, freeze, target_embed, target_lm_head
 
 # %% auto #0
-__all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'CONFIG_DIR', 'memory_target_config', 'RealIntegers', 'FrozenAwareMemTracker',
-           'measure_memory', 'memory_table', 'read_recipe_config', 'measure_config', 'estimate_step_memory']
+__all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'CONFIG_DIR', 'memory_target_config', 'RealIntegers', 'measure_memory',
+           'memory_table', 'read_recipe_config', 'measure_config', 'estimate_step_memory']
 
 # %% ../nbs/16_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"
@@ -44,12 +43,22 @@ def memory_target_config(target: str):
 
 # %% ../nbs/16_memory.ipynb #mem00009
 class RealIntegers(TorchDispatchMode):
-    "Under a FakeTensorMode: ops on real tensors only run for real; a fake scalar reads as 0."
+    """Under a FakeTensorMode: ops on real tensors only run for real; a fake scalar reads as 0. A real result larger
+    than `max_real` elements (the dense mask of a big micro-batch) is handed on as a fake tensor of `fake_mode`."""
+    def __init__(self, fake_mode: FakeTensorMode | None = None, max_real: int = 1 << 20):
+        super().__init__()
+        self.fake_mode, self.max_real = fake_mode, max_real
+
+    def _maybe_fake(self, t):
+        big = isinstance(t, torch.Tensor) and self.fake_mode is not None and t.numel() > self.max_real
+        return self.fake_mode.from_tensor(t) if big else t
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         ts = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if ts and not any(isinstance(t, FakeTensor) for t in ts):
-            with unset_fake_temporarily(): return func(*args, **kwargs)
+            with unset_fake_temporarily(): out = func(*args, **kwargs)
+            return tree_map(self._maybe_fake, out)
         if func is torch.ops.aten._local_scalar_dense.default: return 0.0 if args[0].dtype.is_floating_point else 0
         return func(*args, **kwargs)
 
@@ -57,18 +66,23 @@ class RealIntegers(TorchDispatchMode):
 class _NoHook:
     def remove(self): pass
 
-class FrozenAwareMemTracker(MemTracker):
-    "MemTracker that installs no gradient hook on a frozen parameter (the target's; it cannot take one)."
-    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-        for p in module.parameters():
-            if not p.requires_grad and p not in self._param_to_grad_hook_handles:
-                self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+def _tracker():
+    "A MemTracker (imported here: torch.distributed._tools takes seconds to import) that suits a frozen target."
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    def _update_peak_stats(self, peak_state) -> None:
-        # only the step's peak is needed: skip MemTracker's per-module peaks (a loop over every module at every op)
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap["Total"]: self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
+    class FrozenAwareMemTracker(MemTracker):
+        "Installs no gradient hook on a frozen parameter (the target's; it cannot take one); tracks the step's peak only."
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            # only the step's peak is needed: skip MemTracker's per-module peaks (a loop over every module at every op)
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]: self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
+    return FrozenAwareMemTracker()
 
 @contextmanager
 def _fake_process_group(world_size: int):
@@ -155,10 +169,10 @@ def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1
                                                pure_draft_prefix_len, gradient_checkpointing, mesh, shard_draft and sharded,
                                                shard_target and sharded, N, loss_decay_gamma, ce_chunk_size)
             opt = torch.optim.AdamW(trainer.parameters(), lr=1e-4, foreach=True)
-        mt = FrozenAwareMemTracker()
+        mt = _tracker()
         mt.track_external(target, trainer, opt, ids, anchors, keep, loss_mask)
         kw = dict(lambda_base=lambda_base) if recipe == "domino" else {}
-        with RealIntegers(), mt:
+        with RealIntegers(fake), mt:
             feats = capture_features(target, ids, d.target_layer_ids, loss_mask.new_ones(B, S), stop_early=not shard_target)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out = trainer(ids, loss_mask, feats, anchor_positions=anchors, block_keep=keep, **kw)
