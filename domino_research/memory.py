@@ -44,7 +44,8 @@ def memory_target_config(target: str):
 # %% ../nbs/16_memory.ipynb #mem00009
 class RealIntegers(TorchDispatchMode):
     """Under a FakeTensorMode: ops on real tensors only run for real; a fake scalar reads as 0. A real result larger
-    than `max_real` elements (the dense mask of a big micro-batch) is handed on as a fake tensor of `fake_mode`."""
+    than `max_real` elements made from small inputs (the dense mask of a big micro-batch) is handed on as a fake tensor
+    of `fake_mode`."""
     def __init__(self, fake_mode: FakeTensorMode | None = None, max_real: int = 1 << 20):
         super().__init__()
         self.fake_mode, self.max_real = fake_mode, max_real
@@ -58,7 +59,10 @@ class RealIntegers(TorchDispatchMode):
         ts = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if ts and not any(isinstance(t, FakeTensor) for t in ts):
             with unset_fake_temporarily(): out = func(*args, **kwargs)
-            return tree_map(self._maybe_fake, out)
+            # only a big result made from small inputs goes fake (the mask from the anchors): an op on a big real
+            # buffer (FSDP's all-gather output) keeps its views, so freeing the buffer frees them
+            if all(t.numel() <= self.max_real for t in ts): out = tree_map(self._maybe_fake, out)
+            return out
         if func is torch.ops.aten._local_scalar_dense.default: return 0.0 if args[0].dtype.is_floating_point else 0
         return func(*args, **kwargs)
 
