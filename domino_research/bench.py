@@ -338,6 +338,36 @@ def _cmd_data(a):
     print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
 
 
+# %% ../nbs/33_bench.ipynb #a1e0c0d2
+def _bool(s):
+    "An argparse `type`: true / false."
+    v = str(s).strip().lower()
+    if v in ("true", "1", "yes"): return True
+    if v in ("false", "0", "no"): return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+def _add_memory_parser(sub):
+    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
+    p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
+    p.add_argument("--shard_draft", type=_bool, default=None, help="FSDP2-shard the draft (None: the config's)")
+    p.add_argument("--shard_target", type=_bool, default=None, help="FSDP2-shard the target's layers (None: the config's)")
+    p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
+    p.add_argument("--gradient_checkpointing", type=_bool, default=None, help="None: the config's")
+    p.add_argument("--gradient_as_bucket_view", type=_bool, default=True, help="DDP's buckets are the gradients (0 extra bytes)")
+    p.add_argument("--json", action="store_true", help="print the JSON line only")
+    p.set_defaults(func=_cmd_memory)
+
+def _cmd_memory(a):
+    try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
+                            shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
+                            gradient_checkpointing=a.gradient_checkpointing)
+    except (ValueError, OSError) as e:
+        print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+    if not a.json: print(memory_table(r))
+    print(dumps_strict(r))
+
 # %% ../nbs/33_bench.ipynb #d3c0de02
 def _seed_or_none(s):
     "An argparse `type`: an integer >= 0, or `none` (the first prompts in file order)."
@@ -381,36 +411,6 @@ def _cmd_decode(a):
                       temperature=a.temperature, sample_seed=a.sample_seed)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
-
-# %% ../nbs/33_bench.ipynb #a1e0c0d2
-def _bool(s):
-    "An argparse `type`: true / false."
-    v = str(s).strip().lower()
-    if v in ("true", "1", "yes"): return True
-    if v in ("false", "0", "no"): return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-def _add_memory_parser(sub):
-    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
-    p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
-    p.add_argument("--shard_draft", type=_bool, default=None, help="FSDP2-shard the draft (None: the config's)")
-    p.add_argument("--shard_target", type=_bool, default=None, help="FSDP2-shard the target's layers (None: the config's)")
-    p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
-    p.add_argument("--gradient_checkpointing", type=_bool, default=None, help="None: the config's")
-    p.add_argument("--gradient_as_bucket_view", type=_bool, default=True, help="DDP's buckets are the gradients (0 extra bytes)")
-    p.add_argument("--json", action="store_true", help="print the JSON line only")
-    p.set_defaults(func=_cmd_memory)
-
-def _cmd_memory(a):
-    try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
-                            shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
-                            gradient_checkpointing=a.gradient_checkpointing)
-    except (ValueError, OSError) as e:
-        print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
-    if not a.json: print(memory_table(r))
-    print(dumps_strict(r))
 
 # %% ../nbs/33_bench.ipynb #cf32aa99
 #| eval: false
