@@ -25,6 +25,7 @@ from .config import dumps_strict, signature_defaults
 from .evaluation import decode_bench
 from .target import check_device
 from .loss import chunked_dual_ce, naive_dual_ce
+from .memory import measure_config, memory_table
 
 # %% auto #0
 __all__ = ['VARIANTS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main', 'synthetic_chat_rows', 'write_synthetic_chats',
@@ -193,10 +194,11 @@ def _cmd_loss(a):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m domino_research.bench", description="domino_research benchmarks")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data}")   # internal subcommands stay unlisted
+    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data,memory}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # the "Decoding" cell below
     _add_data_parser(sub)                                                 # the "Data" cell below
+    _add_memory_parser(sub)                                               # the "Memory" cell below
     return p
 
 def main(argv=None):
@@ -335,6 +337,36 @@ def _cmd_data(a):
         print(f"{k:>28}: {r[k]['launch_s']} s, peak RSS {r[k]['peak_rss_mb']} MB (workers {r[k]['worker_peak_rss_mb']} MB), {r[k]['rows']} rows")
     print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
 
+
+# %% ../nbs/33_bench.ipynb #a1e0c0d2
+def _bool(s):
+    "An argparse `type`: true / false."
+    v = str(s).strip().lower()
+    if v in ("true", "1", "yes"): return True
+    if v in ("false", "0", "no"): return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+def _add_memory_parser(sub):
+    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
+    p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
+    p.add_argument("--shard_draft", type=_bool, default=None, help="FSDP2-shard the draft (None: the config's)")
+    p.add_argument("--shard_target", type=_bool, default=None, help="FSDP2-shard the target's layers (None: the config's)")
+    p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
+    p.add_argument("--gradient_checkpointing", type=_bool, default=None, help="None: the config's")
+    p.add_argument("--gradient_as_bucket_view", type=_bool, default=True, help="DDP's buckets are the gradients (0 extra bytes)")
+    p.add_argument("--json", action="store_true", help="print the JSON line only")
+    p.set_defaults(func=_cmd_memory)
+
+def _cmd_memory(a):
+    try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
+                            shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
+                            gradient_checkpointing=a.gradient_checkpointing)
+    except (ValueError, OSError) as e:
+        print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+    if not a.json: print(memory_table(r))
+    print(dumps_strict(r))
 
 # %% ../nbs/33_bench.ipynb #d3c0de02
 def _seed_or_none(s):

@@ -860,26 +860,32 @@ def _idle_blocks(batch: dict) -> dict:
             "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
 
 # %% ../nbs/34_train.ipynb #966bf1f3
+from .memory import estimate_step_memory
+
+def _local_bytes(params) -> int:
+    "Bytes this rank holds of `params` (a sharded DTensor: its local shard)."
+    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in params)
+
 def estimate_memory(recipe) -> dict:
-    "GiB per rank, estimated from the sizes alone: draft (weights, grads, AdamW), target, activations of one micro-batch."
-    cfg, acc, tc = recipe.cfg, recipe.accelerator, recipe.target_config
-    GiB, H = 2 ** 30, tc.hidden_size
-    trainable = sum(p.numel() for p in recipe.draft.parameters() if p.requires_grad)
-    target_params = sum(p.numel() for p in recipe.target.parameters())
-    tgt_bytes = target_params * next(recipe.target.parameters()).element_size()
-    if cfg.shard_target and acc.num_processes > 1: tgt_bytes /= acc.num_processes
-    act_bytes = 2 if acc.mixed_precision == "bf16" else 4
-    t = cfg.micro_batch_size * cfg.num_anchors * cfg.block_size                     # block tokens of one micro-batch
-    per_layer = (2 if cfg.gradient_checkpointing else 34) * t * H * act_bytes / 2   # 34·t·H bytes at 16 bit
-    feats = cfg.micro_batch_size * cfg.seq_length * len(recipe.dflash.target_layer_ids) * H * act_bytes
-    ce = min(recipe.trainer.ce_chunk_size, t) * tc.vocab_size * 4
-    acts = cfg.draft_num_hidden_layers * per_layer + feats + ce
-    out = {"draft": 16 * trainable / GiB, "target": tgt_bytes / GiB, "activations": acts / GiB}
-    return {**out, "total": sum(out.values())}
+    """GiB per rank of one training step of a CUDA bf16 run, from the sizes: notebook 16's formula, which a test holds
+    within 15 % of the step measured on fake tensors (`python -m domino_research.bench memory` measures it)."""
+    cfg, acc, draft, dfl = recipe.cfg, recipe.accelerator, recipe.draft, recipe.dflash
+    ddp = getattr(acc, "ddp_handler", None)              # DDP's buckets are the gradients themselves with this flag
+    e = estimate_step_memory(
+        _local_bytes(recipe.target.parameters()), sum(p.numel() for p in draft.parameters() if p.requires_grad),
+        sum(p.numel() for p in draft.layers[0].parameters()), hidden=draft.config.hidden_size,
+        intermediate=draft.config.intermediate_size, gru_hidden=dfl.gru_hidden_dim if dfl.is_domino else 0,
+        num_draft_layers=len(draft.layers), num_target_features=len(dfl.target_layer_ids),
+        world_size=acc.num_processes, shard_draft=bool(getattr(cfg, "shard_draft", False)),
+        gradient_checkpointing=cfg.gradient_checkpointing, micro_batch_size=cfg.micro_batch_size,
+        seq_length=cfg.seq_length, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
+        gradient_as_bucket_view=bool(getattr(ddp, "gradient_as_bucket_view", False)))
+    GiB = 2 ** 30
+    return {k: e[k] / GiB for k in ("target", "draft", "activations", "ddp_buckets", "total")}
 
 def format_memory(m: dict) -> str:
-    return ("memory per rank (estimate): " + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total")
-            + f"; total ≈ {m['total']:.2f} GiB")
+    return ("memory per rank (estimate; `bench memory` measures it): "
+            + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total") + f"; peak ≈ {m['total']:.2f} GiB")
 
 # %% ../nbs/34_train.ipynb #953e54f4
 @patch
