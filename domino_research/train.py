@@ -29,7 +29,8 @@ from .reduce import EvalSums
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head, _decoder_layers
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
-from .data import ChatDataError, cached_chat_dataset, collate_chat
+from .data import ChatDataError, cached_chat_dataset, chat_cache_key, collate_chat
+from .export import describe_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
@@ -40,7 +41,8 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
            'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
            'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'data_cache_dir',
-           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'plot_run', 'cli']
+           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
+           'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
 @dataclass
@@ -596,7 +598,7 @@ def _claim_run_dir(self: TrainDFlashRecipe):
     acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
 
 # %% ../nbs/34_train.ipynb #c4d1a9e1
-from .regenerate import meta_path
+from .regenerate import meta_path, target_fingerprint
 
 def check_data_thinking(key: str, source, enable_thinking: bool):
     "Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer follows the prompt it was generated after."
@@ -721,6 +723,7 @@ def _pack_datasets(self: TrainDFlashRecipe):
 @patch
 def _load_target(self: TrainDFlashRecipe):
     target = load_target(self.target_path, device=self.accelerator.device)
+    self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; whole weights, before sharding
     if self._sharded_target():
         # FSDP2: one unit per decoder layer, under one root over the decoder. A root keeps its parameters gathered after
         # its forward (they are needed again at once in backward), so a layer that were its own root would stay whole;
@@ -1238,10 +1241,36 @@ def main(config_path=None, **overrides) -> dict:
             recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_run(cfg.run_dir)
             if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
+            describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
     except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
     finally: recipe.close()
     return result
+
+_CARD_HPARAMS = ("recipe", "seq_length", "packing", "draft_num_hidden_layers", "block_size", "num_anchors", "shift_label",
+                 "loss_decay_gamma", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "lambda_base_start",
+                 "lambda_base_decay_ratio", "micro_batch_size", "grad_accumulation_steps", "num_epochs", "max_steps",
+                 "learning_rate", "weight_decay", "warmup_ratio", "min_lr_ratio", "max_grad_norm", "seed")
+
+def _read_figures(path, prefixes=None) -> dict:
+    "The numeric entries of a run's JSON file (summary.json, eval.json), optionally only those under `prefixes`."
+    if not path.is_file(): return {}
+    js = json.loads(path.read_text())
+    return {k: v for k, v in js.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and (prefixes is None or k.startswith(prefixes))}
+
+def describe_run_draft(cfg, recipe=None) -> Path:
+    "Write the model card and the self-description of a finished run's `draft/` (notebook 31 `describe_draft`) from what the run knows."
+    tok = getattr(recipe, "tokenizer", None)
+    data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
+               if tok is not None and cfg.train_data else None)
+    info = {"target": cfg.target, "target_fingerprint": getattr(recipe, "target_fingerprint", None), "data": cfg.train_data,
+            "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
+            "eos_token_id": getattr(tok, "eos_token_id", None), "pad_token_id": getattr(tok, "pad_token_id", None),
+            "hyperparameters": {k: getattr(cfg, k) for k in _CARD_HPARAMS if getattr(cfg, k, None) is not None},
+            "validation": _read_figures(cfg.run_dir / "summary.json", ("eval/", "step")),
+            "decode": _read_figures(cfg.run_dir / "eval.json")}
+    return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
 
 def _decode_eval(cfg) -> dict:
     "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."

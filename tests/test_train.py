@@ -109,6 +109,14 @@ def test_cli_trains_and_writes_run_dir(tiny, tmp_path):
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
     assert "[cli]" in p.stdout
+    # the run ends with a self-describing draft folder: card with the target and data fingerprints and the figures
+    draft = run / "draft"
+    assert {"README.md", "generation_config.json", "modeling_dflash.py"} <= {q.name for q in draft.iterdir()}
+    rec = json.loads((draft / "config.json").read_text())
+    assert rec["auto_map"] == {"AutoModel": "modeling_dflash.DFlashDraftModel"}
+    assert len(rec["domino_research"]["target_fingerprint"]) == 16 and len(rec["domino_research"]["data_fingerprint"]) >= 8
+    card = (draft / "README.md").read_text()
+    assert rec["domino_research"]["target_fingerprint"] in card and "## Key hyper-parameters" in card and "## Validation" in card
 
 
 def _weights(run):
