@@ -65,7 +65,7 @@ def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
     from domino_research.bench import main
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
     main(["decode", "--drafter", "ngram", "--prompt_lookup_max", "2", "--num_speculative_tokens", "6", "--target",
-          str(toy / "target"), "--prompts", str(toy / "prompts.jsonl"), "--n_prompts", "3", "--max_new_tokens", "24",
+          str(toy / "target"), "--prompts", str(toy / "prompts.jsonl"), "--n_prompts", "2", "--max_new_tokens", "16",
           "--per_prompt", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for k in ("tau", "per_slot_acceptance", "speedup", "efficiency", "lossless", "accept_hist", "profile"):
