@@ -40,6 +40,7 @@ class Variant:
     config: str                                  # recipe config: shipped name (domino_research/configs/) or YAML path
     overrides: Union[dict, Callable] = field(default_factory=dict)  # keys it changes; or a callable (resolved config, load) -> keys
     note: str = ""
+    drafter: str = "draft"                       # "ngram": prompt lookup, nothing trained (the config gives target and prompts)
 
 def _small_head(cfg, load) -> dict:
     "A quarter of the recipe's GRU width G and correction rank E."
@@ -87,6 +88,8 @@ VARIANTS = {
     "dflash_shift_matched": Variant("embedded_dflash", _matched_to_domino,
                                     "DFlash, Domino's convention, MLP widened to Domino's parameter count"),
     "domino_small_head": Variant("embedded_domino", _head_share, "head about 5 % of the backbone"),
+    "ngram":         Variant("embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training",
+                             drafter="ngram"),
 }
 
 # %% ../nbs/40_ablations.ipynb #21379416
@@ -381,7 +384,7 @@ class _Targets:
         return self.cache[path]
 
 PROMPT_SAMPLE = {"prompt_seed": 0, "stratify_by": "auto"}   # every run decodes the same seeded, stratified sample (notebook 32)
-PROMPT_KEYS = ("prompt_id", "group", "loops", "new_tokens", "committed_spec", "verify_steps_spec", "accepted_at_spec",
+PROMPT_KEYS = ("prompt_id", "group", "loops", "repetition", "new_tokens", "committed_spec", "verify_steps_spec", "accepted_at_spec",
                "committed_base", "verify_steps_base", "accepted_at_base")
 
 def _prompt_record(row: dict) -> dict:
@@ -426,12 +429,13 @@ def finished_record(**task) -> Optional[dict]:
     return done if done is not None and done.get("fingerprint") == fp else None
 
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
-            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print) -> dict:
+            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print, drafter: str = "draft") -> dict:
     "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
     run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens)
     done = _read_json(run_dir / "result.json")
     if done is not None and done.get("fingerprint") == fp:
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)"); return done
+    if drafter == "ngram": return _lookup_record(name, seed, run_dir, cfg, fp, prompts, n_eval_prompts, max_new_tokens, targets, log)
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
         # beside the run directory, which a fresh attempt sets aside: the time of every attempt of this run
@@ -468,6 +472,28 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     log(f"[{name} seed {seed}] {final['step']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
         f"(base {rec['tau_base']:.3f}), lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
     return rec
+
+# %% ../nbs/40_ablations.ipynb #d4e0a001
+def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, fp: dict, prompts, n_eval_prompts: int,
+                   max_new_tokens: int, targets: Optional[_Targets], log) -> dict:
+    """The record of the prompt-lookup pseudo-variant: nothing to train, decoded on the same prompts as the drafts
+    (`evaluate_draft(drafter="ngram")`, its default parameters); no accuracy, 0 steps, its own base."""
+    targets, t0 = targets or _Targets(), time.perf_counter()
+    ev = evaluate_draft(None, target=targets(resolve_target_path(cfg.target)), prompts=resolve_data_path(str(prompts)),
+                        n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, enable_thinking=cfg.enable_thinking,
+                        drafter="ngram", **PROMPT_SAMPLE)
+    rec = {"variant": name, "seed": seed, "recipe": "ngram", "changes": ev["prompt_lookup"], "block_size": ev["block_size"],
+           "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
+           "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"], "speedup": ev["speedup"],
+           "steps": 0, "accuracy": None, "base_accuracy": None, "accept_len": None, "base_accept_len": None,
+           "train_seconds": 0.0, "eval_seconds": time.perf_counter() - t0,
+           "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
+           "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]], "fingerprint": fp}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
+    log(f"[{name} seed {seed}] prompt lookup: τ {rec['tau']:.3f}, lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
+    return rec
+
 
 # %% ../nbs/40_ablations.ipynb #f86a2fde
 def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Optional[dict] = None,
@@ -523,7 +549,7 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     t0, targets = time.perf_counter(), _Targets()
     tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
-                          prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens)
+                          prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, drafter=table[n].drafter)
              for n in variants for s in seeds}
     done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
     for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")

@@ -385,7 +385,14 @@ def _add_decode_parser(sub):
     d = signature_defaults(decode_bench)                                  # the defaults are the function's
     p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--draft", required=True, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir")
+    p.add_argument("--draft", default=None, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir "
+                   "(required with --drafter draft)")
+    p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
+                   help="draft: the trained draft of --draft; ngram: prompt lookup in prompt + output (no draft, no training)")
+    p.add_argument("--prompt_lookup_min", type=_pos, default=d["prompt_lookup_min"], help="ngram: shortest suffix n-gram to look up")
+    p.add_argument("--prompt_lookup_max", type=_pos, default=d["prompt_lookup_max"], help="ngram: longest suffix n-gram to look up")
+    p.add_argument("--num_speculative_tokens", type=_pos, default=d["num_speculative_tokens"],
+                   help="ngram: most tokens proposed per step (block size - 1)")
     p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
     p.add_argument("--prompts", default=d["prompts"], help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
                    "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)")
@@ -408,10 +415,15 @@ def _add_decode_parser(sub):
     p.set_defaults(func=_cmd_decode)
 
 def _cmd_decode(a):
+    if a.drafter == "draft" and a.draft is None:
+        print("python -m domino_research.bench decode: error: --draft DIR is required with --drafter draft "
+              "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr); sys.exit(2)
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
-                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts)
+                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts, drafter=a.drafter,
+                      prompt_lookup_min=a.prompt_lookup_min, prompt_lookup_max=a.prompt_lookup_max,
+                      num_speculative_tokens=a.num_speculative_tokens)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
 

@@ -37,7 +37,7 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
-           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops']
+           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -586,3 +586,20 @@ def token_cycle(ids, max_period: int = 8, repeats: int = 3, min_tokens: int = 8)
 def loops(text: str, ids) -> bool:
     "Whether an answer loops: a line loop in its text or a token cycle in its ids."
     return line_loop(text) or token_cycle(ids)
+
+# %% ../nbs/11_data.ipynb #b2d0e002
+def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
+    """Share of `continuation_ids` covered by an `n`-gram of prompt + continuation that occurred earlier (0 when empty)."""
+    seq, P = [int(t) for t in prompt_ids] + [int(t) for t in continuation_ids], len(prompt_ids)
+    if len(seq) == P: return 0.0
+    first, cover = {}, [0] * (len(seq) + 1)                  # cover: +1 where a repeated n-gram starts, -1 past its end
+    for s in range(len(seq) - n + 1):
+        gram = tuple(seq[s:s + n])
+        if gram in first: cover[s] += 1; cover[s + n] -= 1    # a repeat: its n tokens count
+        else: first[gram] = s                                 # the first occurrence does not
+    inside, depth = 0, 0
+    for j in range(len(seq)):
+        depth += cover[j]
+        inside += j >= P and depth > 0
+    return inside / (len(seq) - P)
+

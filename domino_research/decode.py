@@ -9,6 +9,7 @@ import os
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -19,7 +20,8 @@ from .config import ConfigError, DFlashConfig
 __all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accept_length', 'token_probs',
            'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop', 'proposal_slots',
            'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals',
-           'check_draft_fits', 'DraftProposer', 'speculative_generate']
+           'check_draft_fits', 'DraftProposer', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
+           'NgramProposer', 'ngram_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -38,7 +40,8 @@ class LayerCapture:
         def hook(module, args, out): self._out[i] = out[0] if isinstance(out, tuple) else out
         return hook
 
-    def features(self) -> torch.Tensor:
+    def features(self) -> torch.Tensor | None:
+        if not self.layer_ids: return None                 # a drafter that reads no features (prompt lookup)
         return torch.cat([self._out[i] for i in range(len(self.layer_ids))], dim=-1)  # [B, Q, L*H]
 
     def remove(self):
@@ -155,13 +158,13 @@ def _commit(out: list, tokens, stops: set, max_new_tokens: int) -> tuple[int, bo
 def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size: int, layer_ids,
                      stop_token_ids=(), timer: StepTimer | None = None, temperature: float = 0.0,
                      generator: torch.Generator | None = None) -> tuple[list[int], dict]:
-    """Speculative decoding of `target` with proposals from `propose(ctx [1,C,L*H], anchor, start)`: `bs-1` ids when
-    greedy (`temperature` 0), `(bs-1 ids, their draft distributions q [bs-1, V])` when sampling at `temperature` > 0."""
+    """Speculative decoding of `target` with proposals from `propose(ctx [1,C,L*H], anchor, start, tokens)`: up to `bs-1`
+    ids when greedy (`temperature` 0), `(m ids, their draft distributions q [m, V])` when sampling at `temperature` > 0."""
     _check_prompt(input_ids)
     timer = timer or StepTimer()
     stats, stops, out = _new_stats(block_size), set(stop_token_ids), []
     if max_new_tokens <= 0: return out, stats
-    dev, P = _device(target), input_ids.shape[1]
+    dev, P, prompt_ids = _device(target), input_ids.shape[1], input_ids[0].tolist()
     cache = DynamicCache(config=target.config)
     with LayerCapture(target, layer_ids) as cap:
         with timer("prefill"):
@@ -173,10 +176,11 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
         _, done = _commit(out, [first], stops, max_new_tokens)
         while not done:
             anchor, start = out[-1], P + len(out) - 1
-            proposals, q = propose(ctx, anchor, start) if sampled else (propose(ctx, anchor, start), None)
+            drafted = propose(ctx, anchor, start, prompt_ids + out)
+            proposals, q = drafted if sampled else (drafted, None)
             proposals = [int(t) for t in proposals]
-            if len(proposals) != block_size - 1:
-                raise ValueError(f"propose returned {len(proposals)} proposals, expected block_size - 1 = {block_size - 1}")
+            if len(proposals) > block_size - 1:
+                raise ValueError(f"propose returned {len(proposals)} proposals, at most block_size - 1 = {block_size - 1}")
             with timer("verify"):
                 block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
                 with _kv_heads_shared(dev):
@@ -186,7 +190,8 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                     g = logits.argmax(-1).tolist()                                           # [bs]
                     n = accept_length(proposals, g); nxt = g[n]
                 crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
-                ctx = cap.features()[:, : n + 1]                   # [1, n+1, L*H], positions start..start+n
+                ctx = cap.features()
+                if ctx is not None: ctx = ctx[:, : n + 1]          # [1, n+1, L*H], positions start..start+n
             kept, done = _commit(out, proposals[:n] + [nxt], stops, max_new_tokens)
             stats["verify_steps"] += 1; stats["committed"] += kept; stats["accept_hist"][n + 1] += 1
             for i in range(n): stats["accepted_at"][i] += 1
@@ -288,7 +293,7 @@ class DraftProposer:
         self.dtype, self.dev = next(draft.parameters()).dtype, _device(draft)
         self.slots = proposal_slots(dflash.block_size, dflash.shift_label)
 
-    def __call__(self, ctx, anchor: int, start: int):
+    def __call__(self, ctx, anchor: int, start: int, tokens=None):
         bs, C = self.d.block_size, ctx.shape[1]
         if self.cache.get_seq_length() != start - C:
             raise RuntimeError(f"draft cache holds {self.cache.get_seq_length()} positions, context starts at {start - C}")
@@ -321,3 +326,62 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, stop_tok
                             temperature=temperature, generator=generator)
     return speculative_loop(target, propose, input_ids, max_new_tokens, d.block_size, d.target_layer_ids,
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+
+# %% ../nbs/30_decode.ipynb #a1c0e002
+def check_ngram_params(prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int):
+    "One-line ValueError unless 1 <= `prompt_lookup_min` <= `prompt_lookup_max` and `num_speculative_tokens` >= 1 (ints)."
+    for k, v in dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+                     num_speculative_tokens=num_speculative_tokens).items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+    if prompt_lookup_min > prompt_lookup_max:
+        raise ValueError(f"prompt_lookup_min {prompt_lookup_min} > prompt_lookup_max {prompt_lookup_max}: "
+                         "no n-gram length to look up; pass a min <= max")
+
+def ngram_propose(tokens, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15) -> list[int]:
+    """Prompt lookup (vLLM's `ngram`): the longest suffix of `tokens` with length in [min, max] that occurred earlier, at its
+    earliest occurrence; returns the up to `num_speculative_tokens` tokens that followed it ([] when nothing matches)."""
+    seq = np.asarray(tokens, dtype=np.int64)
+    L = len(seq)
+    for n in range(min(prompt_lookup_max, L - 1), prompt_lookup_min - 1, -1):       # longest first
+        grams = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)              # [L-n, n]: n-grams ending before the last token
+        hits = np.flatnonzero((grams == seq[L - n:]).all(1))
+        if hits.size:
+            follow = int(hits[0]) + n                                                  # earliest occurrence, as vLLM
+            return seq[follow: follow + num_speculative_tokens].tolist()
+    return []
+
+
+# %% ../nbs/30_decode.ipynb #a1c0e006
+class NgramProposer:
+    "Proposal function for `speculative_loop` by prompt lookup in the tokens so far (no model, no target features)."
+    def __init__(self, vocab_size: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
+                 temperature: float = 0.0, timer: StepTimer | None = None):
+        check_ngram_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+        self.V, self.temperature, self.timer = vocab_size, temperature, timer or StepTimer()
+        self.lo, self.hi, self.k = prompt_lookup_min, prompt_lookup_max, num_speculative_tokens
+
+    def __call__(self, ctx, anchor: int, start: int, tokens):
+        with self.timer("draft"):
+            props = ngram_propose(tokens, self.lo, self.hi, self.k)
+        if self.temperature <= 0: return props
+        q = torch.zeros(len(props), self.V)                  # a deterministic proposal: all the draft's mass on it
+        q[torch.arange(len(props)), props] = 1.0
+        return props, q
+
+def _check_temperature(temperature):
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+
+@torch.no_grad()
+def ngram_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), prompt_lookup_min: int = 1,
+                   prompt_lookup_max: int = 3, num_speculative_tokens: int = 15, timer: StepTimer | None = None,
+                   temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+    """Speculative decoding (batch 1) with prompt-lookup proposals: the tokens of `greedy_generate` at `temperature` 0, the
+    distribution of `sample_generate` at `temperature` > 0; statistics as `speculative_generate`'s (block `k + 1`)."""
+    _check_temperature(temperature)
+    timer = timer or StepTimer()
+    propose = NgramProposer(target.get_output_embeddings().weight.shape[0], prompt_lookup_min, prompt_lookup_max,
+                            num_speculative_tokens, temperature, timer)
+    return speculative_loop(target, propose, input_ids, max_new_tokens, num_speculative_tokens + 1, [],
+                            stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+

@@ -8,14 +8,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from transformers import AutoTokenizer
 
 from .config import dumps_strict, looks_local
-from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row, stop_token_ids
-from .decode import StepTimer, check_draft_fits, greedy_generate, sample_generate, speculative_generate
+from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row, repetition_score, stop_token_ids
+from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_generate, ngram_generate,
+                                    sample_generate, speculative_generate)
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target
 from .export import check_draft_folder, find_draft_dir, load_draft
@@ -127,6 +129,35 @@ def sample_prompts(records: list[dict], n: int, seed: int | None = 0, stratify_b
             depth += 1
     return [{**records[i], "group": key(records[i]) if key else None, "stratify_by": col} for i in picked]
 
+# %% ../nbs/32_evaluation.ipynb #c3e0f001
+def _check_drafter(drafter: str, prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int) -> dict | None:
+    "The prompt-lookup parameters when `drafter` is 'ngram' (checked), None for 'draft'; any other drafter is refused."
+    if drafter not in ("draft", "ngram"): raise ValueError(f"drafter must be 'draft' or 'ngram' (prompt lookup), got {drafter!r}")
+    if drafter == "draft": return None
+    check_ngram_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+    return dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+                num_speculative_tokens=num_speculative_tokens)
+
+def _drafter(draft_dir, model, lookup: dict | None):
+    """(generate, d): `generate(ids, max_new_tokens, stops, **kw)` decodes with the trained draft of `draft_dir`
+    (loaded, cast like the target and checked against it) or, given `lookup`, by prompt lookup; `d` holds the drafter's
+    block_size, shift_label, projector_type, is_domino and dtype for the result."""
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    if lookup is not None:
+        def generate(ids, max_new_tokens, stops, use_head=True, **kw):         # (no head to switch off)
+            return ngram_generate(model, ids, max_new_tokens, stops, **lookup, **kw)
+        info = dict(block_size=lookup["num_speculative_tokens"] + 1, shift_label=None, projector_type="ngram", is_domino=False,
+                    dtype=str(dtype).replace("torch.", ""))
+        return generate, SimpleNamespace(**info)
+    draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir, target_config=model.config)
+    draft = draft.to(device=dev, dtype=dtype).eval()                 # bf16 with a bf16 target (RoPE stays fp32)
+    d = check_draft_fits(draft, model)
+    def generate(ids, max_new_tokens, stops, **kw): return speculative_generate(model, draft, ids, max_new_tokens, stops, **kw)
+    info = dict(block_size=d.block_size, shift_label=d.shift_label, projector_type=d.projector_type, is_domino=d.is_domino,
+                dtype=str(next(draft.parameters()).dtype).replace("torch.", ""))
+    return generate, SimpleNamespace(**info)
+
+
 # %% ../nbs/32_evaluation.ipynb #aec0bd9f
 def _load_target(target):
     "(model, tokenizer) from None (embedded default), a path, or a (model, tokenizer) pair."
@@ -187,22 +218,23 @@ def _fit_prompts(enc: list, sample: list[dict], max_new_tokens: int, target_conf
 def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
                    candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False,
                    prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
-                   temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse") -> dict:
-    "Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed, losslessness."
+                   temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft",
+                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15) -> dict:
+    """Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed,
+    losslessness. `drafter`: "draft" (the draft in `draft_dir`) or "ngram" (prompt lookup, no draft: `draft_dir` unused)."""
     _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
     if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
         raise ValueError(f"prompt_seed must be an integer >= 0 (or None: the first rows in file order), got {prompt_seed!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     sampled = temperature > 0
-    if not isinstance(draft_dir, DFlashDraftModel):              # a bad folder fails before a target of many GB loads
+    lookup = _check_drafter(drafter, prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+    if lookup is None and not isinstance(draft_dir, DFlashDraftModel):              # a bad folder fails before a target of many GB loads
         if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
         check_draft_folder(draft_dir)
     model, tok = _load_target(target)
-    draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir, target_config=model.config)
-    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    draft = draft.to(device=dev, dtype=dtype).eval()                 # bf16 with a bf16 target (RoPE stays fp32)
-    d = check_draft_fits(draft, model)                           # bad pairs fail before any decoding
+    dev = next(model.parameters()).device
+    generate, d = _drafter(draft_dir, model, lookup)                 # bad pairs fail before any decoding
     src = prompts if prompts is not None else _default_prompts()
     sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
     enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok, model)
@@ -216,18 +248,18 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
         return sample_generate(model, ids, max_new_tokens, stops, temperature, _generator(sample_seed, rec))
     def sampling(rec): return dict(temperature=temperature, generator=_generator(sample_seed, rec)) if sampled else {}
     for ids, rec in list(zip(enc, sample))[:warmup]:             # untimed: lazy initialisation of both paths
-        reference(ids, rec); speculative_generate(model, draft, ids, max_new_tokens, stops, **sampling(rec))
+        reference(ids, rec); generate(ids, max_new_tokens, stops, **sampling(rec))
     per_prompt, stats, secs, timers = [], {v: [] for v in variants}, {v: 0.0 for v in ["greedy", *variants]}, []
     n_tokens, lossless = 0, True
     for i, (ids, rec) in enumerate(zip(enc, sample)):
         t0 = time.perf_counter(); ref = reference(ids, rec); secs["greedy"] += time.perf_counter() - t0
         n_tokens += len(ref)
         row = dict(prompt_id=rec["id"], prompt_index=rec["index"], group=rec["group"], prompt_tokens=ids.shape[1],
-                   new_tokens=len(ref), loops=loops(tok.decode(ref), ref))
+                   new_tokens=len(ref), loops=loops(tok.decode(ref), ref), repetition=repetition_score(ids[0].tolist(), ref))
         for name, kw in variants.items():
             timer = StepTimer(sync=dev.type == "cuda")
             t0 = time.perf_counter()
-            toks, st = speculative_generate(model, draft, ids, max_new_tokens, stops, timer=timer, **kw, **sampling(rec))
+            toks, st = generate(ids, max_new_tokens, stops, timer=timer, **kw, **sampling(rec))
             secs[name] += time.perf_counter() - t0
             if name == "spec": timers.append(timer)
             stats[name].append(st)
@@ -255,7 +287,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                speedup=secs["greedy"] / secs["spec"], efficiency=secs["greedy"] / secs["spec"] / spec["tau"], seconds=secs,
                tau_candidate={k: _sum_stats(stats[f"k{k}"])["tau"] for k in candidate_ks if f"k{k}" in stats},
                profile=_profile(timers, secs["spec"], spec["verify_steps"], secs["greedy"], n_tokens), per_prompt=per_prompt,
-               device=str(dev), dtype=str(next(draft.parameters()).dtype).replace("torch.", ""),
+               device=str(dev), dtype=d.dtype, drafter=drafter, prompt_lookup=lookup,
                torch_threads=torch.get_num_threads(),
                prompt_sample=dict(source=str(src), split=prompt_split, seed=prompt_seed, stratify_by=sample[0]["stratify_by"],
                                   n_groups=len({r["group"] for r in sample}) if sample[0]["stratify_by"] else None,
@@ -327,14 +359,17 @@ def write_eval(res: dict, out_dir) -> Path:
 def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128, candidate_k=(),
                  threads: int | None = None, per_prompt: bool = False, as_json: bool = False, prompt_seed: int | None = 0,
                  stratify_by: str | None = "auto", prompt_split: str | None = None, temperature: float = 0.0,
-                 sample_seed: int = 0, long_prompts: str = "refuse") -> dict:
+                 sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft", prompt_lookup_min: int = 1,
+                 prompt_lookup_max: int = 3, num_speculative_tokens: int = 15) -> dict:
     "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
         draft = find_draft_dir(draft)
     res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                          candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
-                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed, long_prompts=long_prompts)
+                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed, long_prompts=long_prompts,
+                         drafter=drafter, prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+                         num_speculative_tokens=num_speculative_tokens)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
     else:
