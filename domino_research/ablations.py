@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from .config import ConfigError, dumps_strict, write_atomic
+from .config import ConfigError, dumps_strict, format_seconds, write_atomic
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
@@ -517,7 +517,18 @@ def _run_one_in_worker(threads: int, **kw) -> dict:
     with open(log_file, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         return run_one(**kw, log=print)
 
-def _run_in_workers(tasks: dict, jobs: int, log) -> dict:
+def _study_clock(n_runs: int, log):
+    """A callback for each finished run: one line with the study's elapsed time and its ETA (the mean wall time per
+    finished run so far, times the runs left). One line per run, no bar: the executed notebook stores every output."""
+    t0, finished = time.perf_counter(), [0]
+    def tick():
+        finished[0] += 1
+        spent = time.perf_counter() - t0
+        left = f", about {format_seconds(spent / finished[0] * (n_runs - finished[0]))} left" if finished[0] < n_runs else ""
+        log(f"study: {finished[0]}/{n_runs} runs in {format_seconds(spent)}{left}")
+    return tick
+
+def _run_in_workers(tasks: dict, jobs: int, log, tick=lambda: None) -> dict:
     """{key: run_one(**kw)} for `tasks` = {key: kw}, `jobs` at a time in spawned processes; the first failure cancels
     the runs not yet started (a finished run is kept: its result.json is on disk)."""
     from domino_research.ablations import _run_one_in_worker as work     # the module's: a spawned process imports it by name
@@ -529,6 +540,7 @@ def _run_in_workers(tasks: dict, jobs: int, log) -> dict:
                 r = out[futures[f]] = f.result()
                 log(f"[{r['variant']} seed {r['seed']}] τ {r['tau']:.3f} (base {r['tau_base']:.3f}), lossless {r['lossless']}, "
                     f"trained in {r['train_seconds']:.0f}s, decoded in {r['eval_seconds']:.0f}s ({threads} thread(s) per run)")
+                tick()
         except BaseException:
             pool.shutdown(cancel_futures=True); raise
     return out
@@ -554,8 +566,10 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
     for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")
     todo = {k: kw for k, kw in tasks.items() if k not in done}
-    done |= ({k: run_one(**kw, targets=targets, log=log) for k, kw in todo.items()} if jobs == 1 else
-             _run_in_workers(todo, jobs, log) if todo else {})
+    tick = _study_clock(len(todo), log)
+    if jobs == 1:
+        for k, kw in todo.items(): done[k] = run_one(**kw, targets=targets, log=log); tick()
+    elif todo: done |= _run_in_workers(todo, jobs, log, tick)
     runs = {n: {s: done[n, s] for s in seeds} for n in variants}
     run_dirs = {n: {s: out / "runs" / n / f"seed{s}" for s in seeds} for n in variants}
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,

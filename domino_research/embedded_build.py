@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-from .config import signature_defaults
+from .config import Phase, signature_defaults
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
 from .embedded import (
@@ -352,6 +352,7 @@ def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_ratio * steps)), steps)
     history, batches, epoch, t0 = [], [], 0, time.time()
+    phase = Phase("target training", total=steps, unit="step")   # the longest stage of the build: a bar with its ETA
     for step in range(1, steps + 1):
         if not batches:  # a new epoch: reshuffle the batch order
             batches = length_batches([len(s["input_ids"]) for s in seqs], max_tokens, seed + epoch)
@@ -371,11 +372,13 @@ def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict]
             if save_dir is not None:
                 model.save_pretrained(save_dir)
         history.append(rec)
+        phase.update(loss=f"{rec['loss']:.3f}")
         if step % log_every == 0 or step == steps or "val_accuracy" in rec:
             log(json.dumps(rec))
         if max_seconds is not None and time.time() - t0 > max_seconds and step < steps:
             log(f"stopping at step {step} of {steps}: past max_seconds={max_seconds}")
             break
+    phase.done(f"{len(history)} steps", f", loss {history[-1]['loss']:.3f}" if history else "")
     model.eval()
     return history
 

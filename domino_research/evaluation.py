@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from .config import dumps_strict, looks_local
+from .config import Phase, dumps_strict, looks_local
 from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row, repetition_score, stop_token_ids
 from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_generate, ngram_generate,
                                     sample_generate, speculative_generate)
@@ -219,9 +219,12 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                    candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False,
                    prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
                    temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft",
-                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15) -> dict:
+                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
+                   progress: bool = True) -> dict:
     """Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed,
-    losslessness. `drafter`: "draft" (the draft in `draft_dir`) or "ngram" (prompt lookup, no draft: `draft_dir` unused)."""
+    losslessness. `drafter`: "draft" (the draft in `draft_dir`) or "ngram" (prompt lookup, no draft: `draft_dir` unused).
+
+    `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent)."""
     _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
     if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
         raise ValueError(f"prompt_seed must be an integer >= 0 (or None: the first rows in file order), got {prompt_seed!r}")
@@ -251,6 +254,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
         reference(ids, rec); generate(ids, max_new_tokens, stops, **sampling(rec))
     per_prompt, stats, secs, timers = [], {v: [] for v in variants}, {v: 0.0 for v in ["greedy", *variants]}, []
     n_tokens, lossless = 0, True
+    phase = Phase("decoding", total=len(enc), unit="prompt", show=progress)
     for i, (ids, rec) in enumerate(zip(enc, sample)):
         t0 = time.perf_counter(); ref = reference(ids, rec); secs["greedy"] += time.perf_counter() - t0
         n_tokens += len(ref)
@@ -268,9 +272,12 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
             row[f"accepted_at_{name}"] = st["accepted_at"]            # per slot: verify steps that accepted proposal i + 1
             lossless &= toks == ref
         per_prompt.append(row)
+        phase.update(tau=f"{_sum_stats(stats['spec'])['tau']:.2f}")
         if verbose: print(f"prompt {i} ({rec['id']}): {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")
     if sampled: lossless = None
     spec = _sum_stats(stats["spec"])
+    phase.done(f"{len(enc)} prompts, {n_tokens:,} tokens", f" (speculative {n_tokens / secs['spec']:.0f} tok/s, target "
+               f"{n_tokens / secs['greedy']:.0f} tok/s), τ {spec['tau']:.2f}")
     base = _sum_stats(stats["base"]) if "base" in stats else spec
     res = dict(n_prompts=len(enc), max_new_tokens=max_new_tokens, block_size=d.block_size, shift_label=d.shift_label,
                projector_type=d.projector_type, new_tokens=n_tokens, lossless=None if lossless is None else bool(lossless),

@@ -361,7 +361,8 @@ def decode_efficiency(device="cuda", n_prompts: int = 20, max_new_tokens: int = 
     model = model.to(device)
     draft_dir = Path(draft_dir) if draft_dir is not None else shipped_draft_dir()
     draft = load_draft(draft_dir)
-    r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens, prompt_seed=seed)
+    r = evaluate_draft(draft, target=(model, tok), n_prompts=n_prompts, max_new_tokens=max_new_tokens, prompt_seed=seed,
+                       progress=False)   # stdout carries one JSON line
     sample = sample_prompts(read_prompts(embedded_dataset_path("test")), n_prompts, seed)   # evaluate_draft's sample
     verdicts = [v for row in r["per_prompt"] for v in _recheck(model, tok, draft, sample, row, max_new_tokens)]
     bad = [v for v in verdicts if v["verdict"] == "mismatch"]

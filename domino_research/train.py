@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
-                                    is_disk_full, no_space, ranged, write_atomic)
+                                    is_disk_full, no_space, ranged, write_atomic, Phase)
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -997,6 +997,7 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
     order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
     sharded, collective = self._sharded_target(), self._sharded_target() or self._sharded_draft()
     steps = int(-self._reduce([-len(order)], "min")[0]) if collective else len(order)   # the most any rank has
+    phase = Phase("validation", total=steps, unit="batch", show=acc.is_main_process)     # rank 0 draws for all
     for k in range(steps):
         mine = k < len(order)
         rows = order[k] if mine else [0]           # a rank out of rows still joins the sharded target's forward, on row 0
@@ -1005,13 +1006,16 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
         if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])):
             if self._sharded_draft():                # join the draft's collective forward on a stand-in block, then drop it
                 self._run_trainer_step(_idle_blocks(batch), feats if sharded else self._features(batch), model=self.trainer)
-            continue
-        out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=self.trainer)
-        for name, (num, den) in self._eval_metric_sums(out).items():
-            if name in sums.names: sums.add(name, num, den)
+        else:
+            out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=self.trainer)
+            for name, (num, den) in self._eval_metric_sums(out).items():
+                if name in sums.names: sums.add(name, num, den)
+        phase.update()
     sums.all_reduce(acc if acc.num_processes > 1 else None)
     self.trainer.train()
-    return {f"eval/{k}": v for k, v in sums.result().items()}
+    res = sums.result()
+    phase.done(f"{len(self.eval_set)} rows", f", loss {res['loss']:.3f}" if "loss" in res else "")
+    return {f"eval/{k}": v for k, v in res.items()}
 
 # %% ../nbs/34_train.ipynb #fa94182b
 @patch

@@ -271,7 +271,8 @@ def test_papermill_train_notebook(tiny, tmp_path):
     out = tmp_path / "train.ipynb"
     cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(out), "--cwd", str(REPO / "nbs"),
            "-p", "config", cfg, "-p", "output_dir", str(tmp_path / "runs"), "-p", "run_name", "pm", "-p", "max_steps", "2",
-           "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}"]
+           "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}",
+           "-p", "decode_eval_prompts", "0"]   # its random target has no decode prompts: no decoding
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     rows = [json.loads(l) for l in (tmp_path / "runs" / "pm" / "metrics.jsonl").read_text().splitlines()]
@@ -417,3 +418,26 @@ def test_dist_timeout_minutes_bounds_a_stalled_rank(tiny, tmp_path):
     m = re.search(r"gave up after ([\d.]+) s", p.stdout + p.stderr)
     assert p.returncode != 0 and m, (p.stdout[-2000:], p.stderr[-3000:])
     assert 5 <= float(m.group(1)) < 60, m.group(0)
+
+
+# ------------------------------------------------------------------ progress of a long phase
+def test_validation_ends_with_one_summary_line_on_the_main_process_only(tiny, tmp_path, capsys, monkeypatch):
+    """Validation runs for minutes on a CPU: it draws a bar and ends with ONE summary line on stdout (rows, time, loss).
+    Another rank draws and prints nothing, so 8 ranks do not print 8 lines. In-process: no launch is needed for this."""
+    from domino_research.train import RECIPES, load_train_config
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    cfg = load_train_config(write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "evline"}))
+    recipe = RECIPES[cfg.recipe](cfg).setup()
+    try:
+        capsys.readouterr()
+        res = recipe.evaluate()
+        out, err = capsys.readouterr()
+        lines = [line for line in out.splitlines() if line.startswith("validation:")]
+        assert len(lines) == 1 and re.fullmatch(rf"validation: {len(recipe.eval_set)} rows in [\d.]+ s, loss {res['eval/loss']:.3f}",
+                                                lines[0]), out
+        assert "validation" in err and "batch" in err, err                   # the bar, on stderr
+        monkeypatch.setattr(type(recipe.accelerator), "is_main_process", property(lambda self: False))
+        assert recipe.evaluate() == res                                      # the same numbers, silently
+        out, err = capsys.readouterr()
+        assert "validation" not in out + err, (out, err)
+    finally: recipe.close()
