@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from .config import ConfigError, dumps_strict, format_seconds, write_atomic
+from .config import ConfigError, dumps_strict, write_atomic
+from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft

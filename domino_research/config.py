@@ -12,8 +12,6 @@ import math
 import os
 import re
 import shutil
-import sys
-import time
 import types
 import typing
 from dataclasses import dataclass
@@ -25,8 +23,7 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'ranged', 'parse_range', 'in_range', 'check_ranges',
            'default_target_layer_ids', 'DFlashConfig', 'check_params', 'signature_defaults', 'looks_local',
-           'finite_or_none', 'NoSpaceError', 'is_disk_full', 'format_bytes', 'no_space', 'write_atomic', 'dumps_strict',
-           'format_seconds', 'Phase']
+           'finite_or_none', 'NoSpaceError', 'is_disk_full', 'format_bytes', 'no_space', 'write_atomic', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -323,42 +320,3 @@ def write_atomic(path, text: str):
 def dumps_strict(obj, **kw) -> str:
     "`json.dumps` that never writes NaN or Infinity: undefined numbers become null."
     return json.dumps(finite_or_none(obj), allow_nan=False, **kw)
-
-# %% ../nbs/00_config.ipynb #f077d367
-def format_seconds(s: float) -> str:
-    "A duration people read at a glance: `12.3 s` under 100 s, `212 s` under 20 min, then `1 h 02 min` style."
-    if s < 100: return f"{s:.1f} s"
-    if s < 1200: return f"{s:.0f} s"
-    h, m = divmod(round(s / 60), 60)
-    return f"{h} h {m:02d} min" if h else f"{m} min"
-
-class Phase:
-    """A long phase: a `tqdm.auto` bar with an ETA while it runs, then `done(...)` prints ONE summary line with its time.
-
-    `show=False` (a non-main rank) draws and prints nothing; `TQDM_DISABLE=1` drops the bar but keeps the line."""
-    def __init__(self, name: str, total: int | None = None, unit: str = "it", show: bool = True, **bar_kw):
-        from tqdm.auto import tqdm
-        self.name, self.show, self.t0 = name, show, time.perf_counter()
-        off = not show or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
-        self.bar = tqdm(total=total, desc=name, unit=unit, disable=off, leave=False, file=sys.stderr, **bar_kw)   # leave=False: the line replaces it
-
-    def update(self, n: int = 1, **postfix):
-        "Advance the bar by `n`; `postfix` (e.g. `tau=1.42`) shows a running figure beside it."
-        if postfix: self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(n)
-
-    @property
-    def seconds(self) -> float: return time.perf_counter() - self.t0
-
-    def done(self, what: str, tail: str = "") -> str:
-        "Close the bar and print `<name>: <what> in <time><tail>` (main process only); returns the line."
-        from tqdm.auto import tqdm
-        self.bar.close()
-        line = f"{self.name}: {what} in {format_seconds(self.seconds)}{tail}"
-        if self.show:
-            tqdm.write(line, file=sys.stdout)   # tqdm.write: an outer bar still running (training's) is redrawn below it
-            sys.stdout.flush()
-        return line
-
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.bar.close()   # an error mid-phase leaves no half-drawn bar

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from .config import Phase, dumps_strict, looks_local
+from .config import dumps_strict, looks_local
+from .progress import Phase
 from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _read_jsonl, loops, normalize_chat_row, repetition_score, stop_token_ids
 from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_generate, ngram_generate,
                                     sample_generate, speculative_generate)

@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
-                                    is_disk_full, no_space, ranged, write_atomic, Phase)
+                                    is_disk_full, no_space, ranged, write_atomic)
+from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
