@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import gzip
 import hashlib
 import json
@@ -29,7 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .config import looks_local
+from .config import is_disk_full, looks_local
 
 
 # %% auto #0
@@ -432,7 +431,7 @@ def _folder_bytes(folder: Path) -> int:
 def _full_disk_error(e: BaseException) -> OSError | None:
     "The full-disk `OSError` behind `e`, if any: `datasets` wraps a writer's ENOSPC in its own DatasetGenerationError."
     while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return e
+        if isinstance(e, OSError) and is_disk_full(e): return e          # the one test of a full disk (notebook 00)
         e = e.__cause__ or e.__context__
     return None
 
