@@ -17,11 +17,11 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accept_length', 'token_probs',
-           'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop', 'proposal_slots',
-           'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals',
-           'check_draft_fits', 'DraftProposer', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
-           'NgramProposer', 'ngram_generate']
+__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accepted_prefix_len',
+           'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop',
+           'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits',
+           'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'check_ngram_params',
+           'ngram_propose', 'NgramProposer', 'ngram_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -87,7 +87,7 @@ def greedy_generate(target, input_ids, max_new_tokens: int, stop_token_ids=()) -
     return plain_generate(target, input_ids, max_new_tokens, stop_token_ids)
 
 # %% ../nbs/30_decode.ipynb #4494f778
-def accept_length(proposals, target_argmax) -> int:
+def accepted_prefix_len(proposals, target_argmax) -> int:
     "Number `n` of leading proposals `d_1..d_n` with `d_i == target_argmax[i-1]` (lists of bs-1 and bs ints)."
     n = 0
     while n < len(proposals) and proposals[n] == target_argmax[n]: n += 1
@@ -188,7 +188,8 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                 if sampled: n, nxt = verify_sampled(proposals, q, token_probs(logits, temperature), generator)
                 else:
                     g = logits.argmax(-1).tolist()                                           # [bs]
-                    n = accept_length(proposals, g); nxt = g[n]
+                    n = accepted_prefix_len(proposals, g)
+                    nxt = g[n]
                 crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
                 ctx = cap.features()
                 if ctx is not None: ctx = ctx[:, : n + 1]          # [1, n+1, L*H], positions start..start+n
