@@ -118,6 +118,7 @@ def flex_attention_forward(module, query, key, value, attention_mask, scaling=No
                          "the mask with masks.block_mask_for(draft.config._attn_implementation, ...).")
     return _flex(query, key, value, attention_mask, scaling).transpose(1, 2), None
 
+# %% ../nbs/03_draft.ipynb #9debe1ae
 # The draft's own instance: transformers' functions under transformers' names, with its flex entry (which compiles on
 # every device, CPU included) overridden locally, as transformers advises for a model that needs its own variant.
 ALL_ATTENTION_FUNCTIONS = AttentionInterface()
@@ -125,8 +126,8 @@ ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
 
 def attention_function(attn_implementation: str):
     "The attention function a config's `attn_implementation` names; an unknown name fails in one line listing the known."
-    known = sorted({"eager", *ALL_ATTENTION_FUNCTIONS})
-    if attn_implementation not in known:
+    if attn_implementation != "eager" and attn_implementation not in ALL_ATTENTION_FUNCTIONS:   # per layer call: cheap test first
+        known = sorted({"eager", *ALL_ATTENTION_FUNCTIONS})
         raise ValueError(f"attn_implementation={attn_implementation!r} is not a registered attention function; use one "
                          f"of {known} or register it with transformers.AttentionInterface.register(name, function).")
     return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)

@@ -154,7 +154,8 @@ def domino_draft(target, num_layers=5, block_size=16, emb_dim=16, gru_hidden_dim
     d = DFlashConfig(mask_token_id=tc.vocab_size - 1, block_size=block_size, shift_label=True, projector_type="domino",
                      emb_dim=emb_dim, gru_hidden_dim=gru_hidden_dim)
     torch.manual_seed(seed)
-    with torch.device(target.device): return DFlashDraftModel(draft_qwen3_config(tc, d, num_layers, attn_implementation=attn_implementation))
+    config = draft_qwen3_config(tc, d, num_layers, attn_implementation=attn_implementation)
+    with torch.device(target.device): return DFlashDraftModel(config)
 
 def random_batch(vocab_size, seq_len, block_size, num_anchors, batch=1, device="cpu", seed=0) -> dict:
     "Random ids (never the mask row), a loss mask on all but the first tenth (a prompt), and seeded anchors."
