@@ -14,7 +14,7 @@ from .blocks import (NoValidAnchorsError, block_labels, block_position_ids, docu
 from .config import ConfigError
 from .draft import DFlashDraftModel
 from .loss import accept_len, chunked_dual_ce
-from .masks import dense_block_mask, flex_block_mask
+from .masks import block_mask_for
 
 # %% auto #0
 __all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'metric_pairs', 'DominoTrainer']
@@ -39,23 +39,18 @@ def slot_gru_states(draft: DFlashDraftModel,
 # %% ../nbs/05_domino.ipynb #4e08256a
 LOSS_EPS = 1e-6  # ε in L = Σ w·CE / (Σw + ε): a micro-batch with no weighted slot gives 0, not NaN
 
-_BACKENDS = ("sdpa", "flex_attention")
-
 class DFlashTrainer(nn.Module):
     "Training step of a DFlash draft: loss (L_base) and metric sums for one micro-batch. Only the draft is registered."
     _needs_head = False
 
     def __init__(self, draft: DFlashDraftModel, target_embed: nn.Embedding, target_lm_head: nn.Linear,
-                 num_anchors: int = 512, loss_decay_gamma: float | None = 7.0, attention_backend: str = "sdpa",
-                 ce_chunk_size: int = 256):
+                 num_anchors: int = 512, loss_decay_gamma: float | None = 7.0, ce_chunk_size: int = 256):
         super().__init__()
         dfl = draft.dflash
         if dfl.is_domino != self._needs_head:
             raise ConfigError(f"{type(self).__name__} needs a draft with dflash_config.projector_type="
                               f"{'domino' if self._needs_head else 'null'}, got {dfl.projector_type!r}: use "
                               f"{'DominoTrainer' if dfl.is_domino else 'DFlashTrainer'} for this draft.")
-        if attention_backend not in _BACKENDS:
-            raise ConfigError(f"attention_backend={attention_backend!r} is not one of {_BACKENDS}.")
         if num_anchors < 1: raise ConfigError(f"num_anchors={num_anchors!r} must be >= 1.")
         if loss_decay_gamma is not None and loss_decay_gamma <= 0:
             raise ConfigError(f"loss_decay_gamma={loss_decay_gamma!r} must be > 0, or null for no decay.")
@@ -67,7 +62,7 @@ class DFlashTrainer(nn.Module):
         self.draft = draft
         self._target = (target_embed, target_lm_head)  # a tuple: not registered, so not in parameters()/state_dict()
         self.num_anchors, self.loss_decay_gamma = num_anchors, loss_decay_gamma
-        self.attention_backend, self.ce_chunk_size = attention_backend, ce_chunk_size
+        self.ce_chunk_size = ce_chunk_size
 
     @property
     def target_embed(self) -> nn.Embedding: return self._target[0]
@@ -110,9 +105,8 @@ def _backbone(self: DFlashTrainer, input_ids, target_hidden, anchors, keep, posi
     with torch.no_grad(): noise = self.target_embed(ids).reshape(B, N * bs, -1)           # [B, N*bs, H], frozen
     pos = block_position_ids(anchors, S, bs, position_ids)                                 # [B, S + N*bs]
     start = None if position_ids is None else anchors - position_ids.long().gather(1, anchors)   # [B, N] document starts
-    if self.attention_backend == "flex_attention":
-        mask = flex_block_mask(anchors, keep, S, bs, device=input_ids.device, context_start=start)
-    else: mask = dense_block_mask(anchors, keep, S, bs, dtype=self.draft.fc.weight.dtype, context_start=start)  # [B, 1, N*bs, S + N*bs]
+    mask = block_mask_for(self.draft.config._attn_implementation, anchors, keep, S, bs, dtype=self.draft.fc.weight.dtype,
+                          context_start=start)                                          # the form the draft's kernel reads
     return self.draft(target_hidden, noise, pos, attention_mask=mask).reshape(B, N, bs, -1)
 
 @patch

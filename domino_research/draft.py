@@ -13,17 +13,19 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
-from transformers import PreTrainedModel, Qwen3Config
+from transformers import AttentionInterface, PreTrainedModel, Qwen3Config
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.qwen3.modeling_qwen3 import (Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, repeat_kv,
-                                                      rotate_half)
+from transformers.models.qwen3.modeling_qwen3 import (Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding,
+                                                      eager_attention_forward, rotate_half)
 
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['draft_qwen3_config', 'DFlashRotaryEmbedding', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation',
-           'DFlashDraftModel', 'gru_dtype']
+__all__ = ['ALL_ATTENTION_FUNCTIONS', 'draft_qwen3_config', 'DFlashRotaryEmbedding', 'flex_attention_forward',
+           'attention_function', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation', 'DFlashDraftModel',
+           'gru_dtype']
 
 # %% ../nbs/03_draft.ipynb #69e66497
 def _rope_parameters(cfg) -> dict:
@@ -36,7 +38,8 @@ def _rope_parameters(cfg) -> dict:
                           "the draft needs the target's RoPE settings.")
     return {**(getattr(cfg, "rope_scaling", None) or {"rope_type": "default"}), "rope_theta": float(theta)}
 
-def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None) -> Qwen3Config:
+def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None,
+                       attn_implementation: str = "sdpa") -> Qwen3Config:
     "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config` (MLP width: the target's unless given), with the notebook 31 extras."
     T, n = target_config.num_hidden_layers, num_draft_layers
     dflash = dflash.resolve_layers(T, n).validate(vocab_size=target_config.vocab_size, num_target_layers=T)
@@ -53,7 +56,7 @@ def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: in
         initializer_range=getattr(target_config, "initializer_range", 0.02),
         tie_word_embeddings=False, use_sliding_window=False, layer_types=["full_attention"] * n,
         architectures=["DFlashDraftModel"], num_target_layers=T, block_size=dflash.block_size,
-        dflash_config=dflash.to_dict())
+        dflash_config=dflash.to_dict(), attn_implementation=attn_implementation)   # not written to config.json
     cfg.rope_theta = rope["rope_theta"]  # set after construction: the constructor folds it into rope_parameters
     return cfg
 
@@ -105,11 +108,38 @@ def _flex(q, k, v, block_mask, scale):
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
+# %% ../nbs/03_draft.ipynb #ee0d0b8b
+def flex_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    "transformers' attention-function form of `_flex`: `(out [B, Q, heads, d], None)` for a FlexAttention `BlockMask`."
+    if attention_mask is None:  # decoding: attend to everything; SDPA shares KV heads itself, with no compile per length
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling)
+    if not isinstance(attention_mask, BlockMask):
+        raise ValueError("attn_implementation='flex_attention' takes a FlexAttention BlockMask, got a dense mask: build "
+                         "the mask with masks.block_mask_for(draft.config._attn_implementation, ...).")
+    return _flex(query, key, value, attention_mask, scaling).transpose(1, 2), None
+
+# %% ../nbs/03_draft.ipynb #9debe1ae
+# The draft's own instance: transformers' functions under transformers' names, with its flex entry (which compiles on
+# every device, CPU included) overridden locally, as transformers advises for a model that needs its own variant.
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
+ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
+
+def attention_function(attn_implementation: str):
+    "The attention function a config's `attn_implementation` names; an unknown name fails in one line listing the known."
+    if attn_implementation != "eager" and attn_implementation not in ALL_ATTENTION_FUNCTIONS:   # per layer call: cheap test first
+        known = sorted({"eager", *ALL_ATTENTION_FUNCTIONS})
+        raise ValueError(f"attn_implementation={attn_implementation!r} is not a registered attention function; use one "
+                         f"of {known} or register it with transformers.AttentionInterface.register(name, function).")
+    return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
+
+# %% ../nbs/03_draft.ipynb #2513af35
 class DFlashAttention(nn.Module):
     "Qwen3 attention with block queries and `[context ; block]` keys/values; non-causal, the mask decides."
+    is_causal = False  # read by transformers' SDPA: with no mask it must attend to every key, not causally
+
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
-        self.layer_idx, self.head_dim = layer_idx, config.head_dim
+        self.config, self.layer_idx, self.head_dim = config, layer_idx, config.head_dim
         self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
         self.scaling, self.attention_dropout = self.head_dim ** -0.5, config.attention_dropout
         H, nh, nkv, d, bias = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.attention_bias
@@ -132,17 +162,12 @@ class DFlashAttention(nn.Module):
         if cache is not None:  # cache the context only; the block's k/v live for this call alone
             k_ctx, v_ctx = cache.update(k[:, :, :S], v[:, :, :S], self.layer_idx)       # [B, nkv, S_cached+S, d]
             k, v = torch.cat([k_ctx, k[:, :, S:]], 2), torch.cat([v_ctx, v[:, :, S:]], 2)
-        if isinstance(attention_mask, BlockMask):
-            o = _flex(q, k, v, attention_mask, self.scaling)
-        elif attention_mask is None:  # decoding: no mask, so SDPA can share KV heads itself (no repeat_kv copies)
-            o = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attention_dropout if self.training else 0.0,
-                                               scale=self.scaling, enable_gqa=True)
-        else:
-            if attention_mask is not None and attention_mask.dtype != torch.bool: attention_mask = attention_mask.to(q.dtype)
-            o = F.scaled_dot_product_attention(
-                q, repeat_kv(k, self.num_key_value_groups), repeat_kv(v, self.num_key_value_groups),
-                attn_mask=attention_mask, dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scaling)
-        return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))                          # [B, Q, H]
+        if torch.is_tensor(attention_mask) and attention_mask.is_floating_point():
+            attention_mask = attention_mask.to(q.dtype)  # an additive mask adds to the scores, in the queries' dtype
+        attend = attention_function(self.config._attn_implementation)
+        o, _ = attend(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
+                      scaling=self.scaling)                                             # [B, Q, nh, d]
+        return self.o_proj(o.reshape(B, Q, -1))                                         # [B, Q, H]
 
 # %% ../nbs/03_draft.ipynb #60df033c
 class DFlashDecoderLayer(GradientCheckpointingLayer):

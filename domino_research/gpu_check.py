@@ -147,13 +147,15 @@ def random_qwen3(vocab_size=512, hidden_size=128, intermediate_size=256, num_hid
     with torch.device(device): model = Qwen3ForCausalLM(cfg)
     return freeze(model.to(dtype))
 
-def domino_draft(target, num_layers=5, block_size=16, emb_dim=16, gru_hidden_dim=32, seed=0) -> DFlashDraftModel:
-    "A fresh (seeded) fp32 Domino draft for `target`, on its device."
+def domino_draft(target, num_layers=5, block_size=16, emb_dim=16, gru_hidden_dim=32, seed=0,
+                 attn_implementation="sdpa") -> DFlashDraftModel:
+    "A fresh (seeded) fp32 Domino draft for `target`, on its device, attending with `attn_implementation`."
     tc = target.config
     d = DFlashConfig(mask_token_id=tc.vocab_size - 1, block_size=block_size, shift_label=True, projector_type="domino",
                      emb_dim=emb_dim, gru_hidden_dim=gru_hidden_dim)
     torch.manual_seed(seed)
-    with torch.device(target.device): return DFlashDraftModel(draft_qwen3_config(tc, d, num_layers))
+    config = draft_qwen3_config(tc, d, num_layers, attn_implementation=attn_implementation)
+    with torch.device(target.device): return DFlashDraftModel(config)
 
 def random_batch(vocab_size, seq_len, block_size, num_anchors, batch=1, device="cpu", seed=0) -> dict:
     "Random ids (never the mask row), a loss mask on all but the first tenth (a prompt), and seeded anchors."
@@ -184,8 +186,8 @@ def flex_sdpa_parity(device="cuda", seq_len=512, num_anchors=24, block_size=16, 
     runs = {}
     for backend in ("sdpa", "flex_attention"):
         draft = copy.deepcopy(draft0)
-        trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=num_anchors,
-                                attention_backend=backend)
+        draft.set_attn_implementation(backend)                     # the transformers switch: the config names the kernel
+        trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=num_anchors)
         out = domino_loss(trainer, batch, feats, backward=cuda)
         runs[backend] = ({k: float(out[k]) for k in ("loss", "base_loss", "final_loss")},
                          {n: p.grad.float() for n, p in draft.named_parameters() if p.grad is not None})
@@ -217,9 +219,9 @@ def _train_step(target, trainer, opt, batch) -> float:
 def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
     "The second step of a fresh draft with `backend` (the first compiles Flex and allocates the AdamW state)."
     dev = target.device; cuda = dev.type == "cuda"
-    draft = domino_draft(target, sizes["draft_layers"], sizes["block_size"], sizes["emb_dim"], sizes["gru_hidden_dim"], seed)
-    trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=sizes["num_anchors"],
-                            attention_backend=backend)
+    draft = domino_draft(target, sizes["draft_layers"], sizes["block_size"], sizes["emb_dim"], sizes["gru_hidden_dim"], seed,
+                         attn_implementation=backend)
+    trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=sizes["num_anchors"])
     opt = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
     _train_step(target, trainer, opt, batch)
     if cuda: torch.cuda.synchronize(dev); torch.cuda.reset_peak_memory_stats(dev)

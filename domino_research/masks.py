@@ -8,9 +8,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from transformers.utils.generic import GeneralInterface
+
+from .config import ConfigError
 
 # %% auto #0
-__all__ = ['reference_block_mask', 'dense_block_mask', 'flex_block_mask']
+__all__ = ['BLOCK_MASKS', 'reference_block_mask', 'dense_block_mask', 'flex_block_mask', 'BlockMaskInterface', 'block_mask_for']
 
 # %% ../nbs/02_masks.ipynb #8209eb0b
 def reference_block_mask(anchor_positions: Tensor,  # [B, N]
@@ -85,3 +88,31 @@ def flex_block_mask(anchor_positions: Tensor,  # [B, N]
     mod = _block_mask_mod(a, keep, seq_len, block_size, start)
     return create_block_mask(mod, B=B, H=None, Q_LEN=N * block_size, KV_LEN=seq_len + N * block_size,
                              device=device, BLOCK_SIZE=BLOCK_SIZE)
+
+# %% ../nbs/02_masks.ipynb #9574dc5d
+def _dense_for(anchor_positions, block_keep, seq_len, block_size, dtype=torch.float32, context_start=None) -> Tensor:
+    "The dense additive mask, in the scores' dtype (SDPA, eager)."
+    return dense_block_mask(anchor_positions, block_keep, seq_len, block_size, dtype=dtype, context_start=context_start)
+
+def _flex_for(anchor_positions, block_keep, seq_len, block_size, dtype=torch.float32, context_start=None) -> BlockMask:
+    "The `BlockMask` on the anchors' device (FlexAttention); it holds no scores, so no dtype."
+    return flex_block_mask(anchor_positions, block_keep, seq_len, block_size, context_start=context_start)
+
+class BlockMaskInterface(GeneralInterface):
+    "The block-mask builder of each attention implementation, under transformers' names."
+    _global_mapping = {"sdpa": _dense_for, "eager": _dense_for, "flex_attention": _flex_for}
+
+BLOCK_MASKS = BlockMaskInterface()
+
+# %% ../nbs/02_masks.ipynb #b1996167
+def block_mask_for(attn_implementation: str,  # the draft config's `_attn_implementation`
+                   anchor_positions: Tensor, block_keep: Tensor, seq_len: int, block_size: int,
+                   dtype: torch.dtype = torch.float32,         # a dense mask's dtype (the draft's weights')
+                   context_start: Tensor | None = None,        # [B, N] packed rows: each block's document start
+                  ) -> Tensor | BlockMask:
+    "The block mask in the form the kernel `attn_implementation` reads; an unknown name fails in one line."
+    if attn_implementation not in BLOCK_MASKS:
+        raise ConfigError(f"attn_implementation={attn_implementation!r} has no block-mask builder: use one of "
+                          f"{sorted(BLOCK_MASKS)}, or register one with BlockMaskInterface.register(name, builder).")
+    build = BLOCK_MASKS[attn_implementation]
+    return build(anchor_positions, block_keep, seq_len, block_size, dtype=dtype, context_start=context_start)

@@ -122,7 +122,8 @@ def _build(tc, recipe, draft_num_hidden_layers, draft_intermediate_size, target_
                                 pure_draft_prefix_len=pure_draft_prefix_len)
     d = d.validate(vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
     target = freeze(AutoModelForCausalLM.from_config(tc, dtype=torch.bfloat16))
-    draft = DFlashDraftModel(draft_qwen3_config(tc, d, draft_num_hidden_layers, draft_intermediate_size))
+    draft = DFlashDraftModel(draft_qwen3_config(tc, d, draft_num_hidden_layers, draft_intermediate_size,
+                                                attn_implementation="sdpa"))   # the dense mask: the upper bound
     if gradient_checkpointing: draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if mesh is not None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -136,7 +137,7 @@ def _build(tc, recipe, draft_num_hidden_layers, draft_intermediate_size, target_
             fully_shard(draft, mesh=mesh, mp_policy=mp)
     trainer_class = DominoTrainer if recipe == "domino" else DFlashTrainer
     trainer = trainer_class(draft, target_embed(target), target_lm_head(target), num_anchors=num_anchors,
-                            loss_decay_gamma=loss_decay_gamma, attention_backend="sdpa", ce_chunk_size=ce_chunk_size)
+                            loss_decay_gamma=loss_decay_gamma, ce_chunk_size=ce_chunk_size)
     return target, draft, trainer, d
 
 # %% ../nbs/16_memory.ipynb #mem00014

@@ -745,10 +745,10 @@ def _sharded_target(self: TrainDFlashRecipe) -> bool:
 @patch
 def _build_draft(self: TrainDFlashRecipe):
     if self.start is not None:
-        draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft")
+        draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft", attn_implementation=self.cfg.attention_backend)
     else:
         draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers,
-                                                    self.cfg.draft_intermediate_size))
+                                                    self.cfg.draft_intermediate_size, self.cfg.attention_backend))
     if self.cfg.gradient_checkpointing:       # HF's layer-level checkpointing (non-reentrant: works under DDP and no_sync)
         draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return draft.to(self.accelerator.device)
@@ -756,8 +756,7 @@ def _build_draft(self: TrainDFlashRecipe):
 @patch
 def _trainer_kwargs(self: TrainDFlashRecipe) -> dict:
     return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
-                num_anchors=self.cfg.num_anchors, loss_decay_gamma=self.cfg.loss_decay_gamma,
-                attention_backend=self.cfg.attention_backend)
+                num_anchors=self.cfg.num_anchors, loss_decay_gamma=self.cfg.loss_decay_gamma)
 
 @patch
 def _build_trainer_module(self: TrainDFlashRecipe):
