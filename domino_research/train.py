@@ -1017,6 +1017,7 @@ def _window_batches(self: TrainDFlashRecipe, window: list[dict]) -> tuple[list[d
     weights = [self._add_targets(b) for b in batches]
     return batches, weights, reduce_values([sum(weights)], "sum", acc)[0]
 
+# %% ../nbs/34_train.ipynb #cee558f2
 @patch
 def _micro_step(self: TrainDFlashRecipe, batch: dict, scale: torch.Tensor, sync: bool) -> dict:
     "Features, the trainer step and its backward, the loss scaled by `scale`; gradients sync only when `sync`."
@@ -1025,6 +1026,7 @@ def _micro_step(self: TrainDFlashRecipe, batch: dict, scale: torch.Tensor, sync:
         self.accelerator.backward(out["loss"] * scale.to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
     return out
 
+# %% ../nbs/34_train.ipynb #91be4655
 @patch
 def _all_finite(self: TrainDFlashRecipe, finite: list, step: int) -> bool:
     "Whether every micro-batch's loss is finite on every rank: one check per window, before the update (else stop or skip)."
@@ -1038,6 +1040,7 @@ def _all_finite(self: TrainDFlashRecipe, finite: list, step: int) -> bool:
     self.print(f"skipping optimiser step {step + 1}: non-finite loss")
     return False
 
+# %% ../nbs/34_train.ipynb #3767cfec
 @patch
 def _optimizer_step(self: TrainDFlashRecipe) -> torch.Tensor:
     "Clip, step, schedule; returns the gradient norm before clipping."
@@ -1110,11 +1113,13 @@ def _start_tracker(self: TrainDFlashRecipe, run_dir: Path):
         self.accelerator.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
                                        init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
 
+# %% ../nbs/34_train.ipynb #317691c8
 @patch
 def _progress_bar(self: TrainDFlashRecipe, step: int) -> tqdm:
     hide = not self.accelerator.is_main_process or bool(os.environ.get("TQDM_DISABLE"))
     return tqdm(total=self.total_steps, initial=step, disable=hide, desc=self.cfg.run_name)
 
+# %% ../nbs/34_train.ipynb #182bfaeb
 @patch
 def _epoch_windows(self: TrainDFlashRecipe, epoch: int, position: int):
     """The windows of up to `grad_accumulation_steps` collated micro-batches left in `epoch` from sample `position` on;
@@ -1128,6 +1133,7 @@ def _epoch_windows(self: TrainDFlashRecipe, epoch: int, position: int):
         offset += len(window)
         yield window, position + offset * cfg.micro_batch_size * acc.num_processes, offset >= len(batches)
 
+# %% ../nbs/34_train.ipynb #524eb9e6
 @patch
 def _log_step(self: TrainDFlashRecipe, metrics_file: Path, stats: dict, step: int, epoch: int):
     "An optimiser step's row of metrics.jsonl, with validation when it is due, and the progress bar."
@@ -1139,12 +1145,14 @@ def _log_step(self: TrainDFlashRecipe, metrics_file: Path, stats: dict, step: in
     self.bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                          **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
 
+# %% ../nbs/34_train.ipynb #9a87c71c
 @patch
 def _save_on_schedule(self: TrainDFlashRecipe, run_dir: Path, step: int, epoch: int, position: int):
     if self.cfg.save_every_steps and step % self.cfg.save_every_steps == 0:
         self.stage = f"saving checkpoint step-{step}"
         self._save(run_dir, step, epoch, position)
 
+# %% ../nbs/34_train.ipynb #45c3449b
 @patch
 def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: int, epoch: int, position: int) -> dict:
     "The end of the loop: the final validation (its row has `final: true`), the last checkpoint and the exported draft."
@@ -1166,6 +1174,7 @@ def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: in
     acc.wait_for_everyone()
     return final
 
+# %% ../nbs/34_train.ipynb #1b02ab3a
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
     if self.accelerator.is_main_process:
