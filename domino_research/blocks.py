@@ -148,9 +148,9 @@ def block_labels(input_ids: Tensor,         # [B, S]
 
 # %% ../nbs/01_blocks.ipynb #bb8b8215
 def decay_weights(block_size: int, gamma: float | None, shift_label: bool) -> Tensor:  # Float[bs]
-    "`exp(-max(k - o, 0) / gamma)` per slot k, `o = 0` if shift_label else 1; all ones if gamma is None."
+    """`exp(-max(k - o, 0) / gamma)` per slot k, `o = 0` if shift_label else 1; all ones if gamma is None. `gamma` is the
+    training config's `loss_decay_gamma`, whose range the config checks."""
     if gamma is None: return torch.ones(block_size)
-    if not gamma > 0: raise ValueError(f"loss_decay_gamma must be > 0 (or None for no decay), got {gamma!r}")
     o = 0 if shift_label else 1
     k = torch.arange(block_size, dtype=torch.float32)
     return torch.exp(-(k - o).clamp(min=0) / gamma)

@@ -13,8 +13,9 @@ from .blocks import (NoValidAnchorsError, block_labels, block_position_ids, docu
                                     loss_weights, noise_block_ids, sample_anchors)
 from .config import ConfigError
 from .draft import DFlashDraftModel
-from .loss import accept_len, chunked_dual_ce
+from .loss import accept_len, chunked_dual_ce, lambda_base_schedule
 from .masks import block_mask_for
+
 
 # %% auto #0
 __all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'metric_pairs', 'DominoTrainer']
@@ -43,8 +44,9 @@ class DFlashTrainer(nn.Module):
     "Training step of a DFlash draft: loss (L_base) and metric sums for one micro-batch. Only the draft is registered."
     _needs_head = False
 
-    def __init__(self, draft: DFlashDraftModel, target_embed: nn.Embedding, target_lm_head: nn.Linear,
-                 num_anchors: int = 512, loss_decay_gamma: float | None = 7.0, ce_chunk_size: int = 256):
+    def __init__(self, draft: DFlashDraftModel, target_embed: nn.Embedding, target_lm_head: nn.Linear, *,
+                 loss_decay_gamma: float | None,  # the training config's, checked there (> 0, or None: no decay)
+                 num_anchors: int = 512, ce_chunk_size: int = 256):
         super().__init__()
         dfl = draft.dflash
         if dfl.is_domino != self._needs_head:
@@ -52,8 +54,6 @@ class DFlashTrainer(nn.Module):
                               f"{'domino' if self._needs_head else 'null'}, got {dfl.projector_type!r}: use "
                               f"{'DominoTrainer' if dfl.is_domino else 'DFlashTrainer'} for this draft.")
         if num_anchors < 1: raise ConfigError(f"num_anchors={num_anchors!r} must be >= 1.")
-        if loss_decay_gamma is not None and loss_decay_gamma <= 0:
-            raise ConfigError(f"loss_decay_gamma={loss_decay_gamma!r} must be > 0, or null for no decay.")
         H, V = draft.config.hidden_size, draft.config.vocab_size
         if tuple(target_embed.weight.shape) != (V, H) or tuple(target_lm_head.weight.shape) != (V, H):
             raise ConfigError(f"target embedding {tuple(target_embed.weight.shape)} / lm_head "
@@ -116,13 +116,14 @@ def _head_states(self: DFlashTrainer, input_ids, anchors, z):
 
 # %% ../nbs/05_domino.ipynb #01d3c4da
 def metric_pairs(out: dict) -> dict:
-    "The step's metrics as named `(numerator, denominator)` 0-dim tensors: summed over micro-batches and ranks, then divided."
-    w = out["weight_sum"]
+    """The step's metrics as named `(numerator, denominator)` 0-dim tensors, summed over micro-batches and ranks, then
+    divided: `accuracy` / `accept_len` are those of the proposals (Domino: final logits; DFlash: base logits)."""
+    w, prop = out["weight_sum"], "final" if "final_loss" in out else "base"
     m = {"loss": (out["loss"].detach() * w, w), "base_loss": (out["base_loss"] * w, w),
-         "base_accuracy": (out["base_correct"], out["valid_slots"]), "base_accept_len": (out["base_accept_sum"], out["valid_blocks"])}
+         "base_accuracy": (out["base_correct"], out["valid_slots"]), "base_accept_len": (out["base_accept_sum"], out["valid_blocks"]),
+         "accuracy": (out[f"{prop}_correct"], out["valid_slots"]), "accept_len": (out[f"{prop}_accept_sum"], out["valid_blocks"])}
     if "final_loss" in out:
-        m.update(final_loss=(out["final_loss"] * w, w), final_accuracy=(out["final_correct"], out["valid_slots"]),
-                 final_accept_len=(out["final_accept_sum"], out["valid_blocks"]), lambda_base=(out["lambda_base"], torch.ones_like(w)))
+        m.update(final_loss=(out["final_loss"] * w, w), lambda_base=(out["lambda_base"], torch.ones_like(w)))
     return m
 
 def _metric_sums(pred, labels, valid, has_valid):
@@ -131,14 +132,20 @@ def _metric_sums(pred, labels, valid, has_valid):
     return correct.sum(), (accept_len(pred == labels, valid) * has_valid).sum()
 
 @patch
-def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base,
-          position_ids=None):
+def block_targets(self: DFlashTrainer, input_ids, loss_mask, anchors, keep, position_ids=None) -> tuple[Tensor, Tensor, Tensor]:
+    "Labels, valid slots and loss weights `[B, N, bs]` of the kept blocks (notebook 01): once per micro-batch."
     dfl = self.draft.dflash
+    labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label,
+                                 position_ids=position_ids)
+    return labels, valid, loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)
+
+@patch
+def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base,
+          position_ids=None, targets=None):
     anchors, keep = self._anchors(input_ids, loss_mask, anchor_positions, block_keep, generator, position_ids)
     z = self._backbone(input_ids, target_hidden, anchors, keep, position_ids)                # [B, N, bs, H]
-    labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label,
-                                 position_ids=position_ids)                                  # [B, N, bs]
-    w = loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)                          # [B, N, bs]
+    if targets is None: targets = self.block_targets(input_ids, loss_mask, anchors, keep, position_ids)
+    labels, valid, w = targets                                                               # [B, N, bs] each
     s, use_delta = self._head_states(input_ids, anchors, z)
     head = dict(head_input=self.draft.head_input(z, s), **self.draft.head_ce_inputs()) if s is not None else {}
     ce = chunked_dual_ce(z, self.target_lm_head.weight.detach(), labels, w, use_delta=use_delta, **head,
@@ -159,20 +166,30 @@ def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_posit
 
 @patch
 def forward(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions=None, block_keep=None,
-             generator=None, position_ids=None) -> dict:
-    "One micro-batch (packed rows: with their `position_ids`): `dict` of 0-dim tensors, `loss` (= L_base) with grad."
-    return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, 1.0, position_ids)
+             generator=None, lambda_base: float = 1.0, position_ids=None, targets=None) -> dict:
+    """One micro-batch (packed rows: with their `position_ids`; `targets`: its `block_targets`, if already computed):
+    `dict` of 0-dim tensors, `loss` with grad. DFlash's loss is L_base: its λ is 1."""
+    if not self._needs_head and float(lambda_base) != 1.0:
+        raise ValueError(f"lambda_base={lambda_base!r}: a DFlash draft has no final loss, its λ is 1.")
+    if not 0.0 <= float(lambda_base) <= 1.0: raise ValueError(f"lambda_base={lambda_base!r} must be in [0, 1].")
+    return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, float(lambda_base),
+                      position_ids, targets)
+
+# %% ../nbs/05_domino.ipynb #7d1c4a02
+# What the recipe logs, in this order: a training window's metrics, and validation's. `accuracy` and `accept_len` are
+# those of the logits the draft proposes with (DFlash: the base logits).
+DFlashTrainer.train_metrics = ("loss", "base_loss", "base_accuracy", "base_accept_len", "accuracy", "accept_len")
+DFlashTrainer.eval_metrics = ("loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len")
 
 @patch
-def block_logits(self: DFlashTrainer, input_ids, target_hidden, anchor_positions, block_keep=None, position_ids=None) -> dict:
-    "Full `base` and `final` logits `[B, N, bs, V]` of explicit blocks (tests/analysis; materialises V)."
-    anchors, keep = self._anchors(input_ids, None, anchor_positions, block_keep, None, position_ids)
-    z = self._backbone(input_ids, target_hidden, anchors, keep, position_ids)
-    base = z @ self.target_lm_head.weight.T                                                  # [B, N, bs, V]
-    s, use_delta = self._head_states(input_ids, anchors, z)
-    if s is None: return dict(base=base, final=base)
-    delta = self.draft.head_delta(z, s)
-    return dict(base=base, final=torch.where(use_delta[..., None], base + delta, base))
+def lambda_base(self: DFlashTrainer, step: int, total_steps: int, cfg) -> float:
+    "λ, the weight of the base loss after `step` of `total_steps` optimiser steps: DFlash trains the base loss only."
+    return 1.0
+
+@patch
+def window_metrics(self: DFlashTrainer, metrics: dict) -> dict:
+    "A window's metrics (name -> value) with any the trainer derives from them: DFlash derives none."
+    return metrics
 
 # %% ../nbs/05_domino.ipynb #1eed1e09
 class DominoTrainer(DFlashTrainer):
@@ -186,9 +203,13 @@ class DominoTrainer(DFlashTrainer):
         use_delta = (k >= dfl.suffix_start).expand(z.shape[:-1])                              # [B, N, bs]
         return s, use_delta                                                                   # [B, N, bs, G]
 
-    def forward(self, input_ids, loss_mask, target_hidden, anchor_positions=None, block_keep=None, generator=None,
-                lambda_base: float = 1.0, position_ids=None) -> dict:
-        "One micro-batch with weight `lambda_base` (λ) on the base loss; `dict` of 0-dim tensors, `loss` with grad."
-        if not 0.0 <= float(lambda_base) <= 1.0: raise ValueError(f"lambda_base={lambda_base!r} must be in [0, 1].")
-        return self._step(input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, float(lambda_base),
-                          position_ids)
+    train_metrics = (*DFlashTrainer.train_metrics, "final_loss", "lambda_base")
+    eval_metrics = (*DFlashTrainer.eval_metrics, "final_loss")
+
+    def lambda_base(self, step: int, total_steps: int, cfg) -> float:
+        "The λ curriculum (notebook 04) with the training config's `lambda_base_start` and `lambda_base_decay_ratio`."
+        return lambda_base_schedule(step, total_steps, cfg.lambda_base_start, cfg.lambda_base_decay_ratio)
+
+    def window_metrics(self, metrics: dict) -> dict:
+        metrics["head_gain"] = metrics["accept_len"] - metrics["base_accept_len"]  # what the head adds this window
+        return metrics

@@ -187,7 +187,8 @@ def flex_sdpa_parity(device="cuda", seq_len=512, num_anchors=24, block_size=16, 
     for backend in ("sdpa", "flex_attention"):
         draft = copy.deepcopy(draft0)
         draft.set_attn_implementation(backend)                     # the transformers switch: the config names the kernel
-        trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=num_anchors)
+        trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=num_anchors,
+                                loss_decay_gamma=7.0)
         out = domino_loss(trainer, batch, feats, backward=cuda)
         runs[backend] = ({k: float(out[k]) for k in ("loss", "base_loss", "final_loss")},
                          {n: p.grad.float() for n, p in draft.named_parameters() if p.grad is not None})
@@ -221,7 +222,8 @@ def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
     dev = target.device; cuda = dev.type == "cuda"
     draft = domino_draft(target, sizes["draft_layers"], sizes["block_size"], sizes["emb_dim"], sizes["gru_hidden_dim"], seed,
                          attn_implementation=backend)
-    trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=sizes["num_anchors"])
+    trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=sizes["num_anchors"],
+                            loss_decay_gamma=7.0)
     opt = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
     _train_step(target, trainer, opt, batch)
     if cuda: torch.cuda.synchronize(dev); torch.cuda.reset_peak_memory_stats(dev)

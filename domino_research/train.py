@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-import pyarrow.compute as pc, torch, torch.distributed as dist, yaml
+import pyarrow.compute as pc, torch, yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
 from fastcore.basics import patch
@@ -22,11 +22,10 @@ from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmu
 from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
                                     is_disk_full, no_space, ranged, write_atomic)
 from .progress import Phase
-from .blocks import NoValidAnchorsError, sample_anchors, block_labels, loss_weights
+from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
-from .loss import WindowSums, lambda_base_schedule
-from .reduce import EvalSums
+from .reduce import MetricSums, reduce_values
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head, _decoder_layers
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
@@ -35,9 +34,9 @@ from .export import describe_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'EVAL_METRICS',
-           'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config',
-           'find_config', 'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'RECIPES',
+           'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
+           'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
            'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
            'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
@@ -521,8 +520,9 @@ class NonFiniteLossError(RuntimeError): pass
 def _scalar(x) -> float: return float(x.detach()) if torch.is_tensor(x) else float(x)
 
 class TrainDFlashRecipe:
-    "The DFlash recipe: `setup()` builds everything, `run()` trains; the hooks below are what the Domino recipe overrides."
-    config_class = DFlashTrainConfig
+    """The DFlash recipe: `setup()` builds everything, `run()` trains. A recipe is its config class and its trainer
+    class (notebook 05), which declares what differs between DFlash and Domino: metric names, λ, labels and weights."""
+    config_class, trainer_class = DFlashTrainConfig, DFlashTrainer
 
     def __init__(self, cfg: DFlashTrainConfig):
         if not isinstance(cfg, self.config_class):
@@ -546,7 +546,7 @@ class TrainDFlashRecipe:
         except OSError as e: raise ConfigError(f"target: cannot read a model config at {self.target_path!r} ({e})") from None
         self.dflash = self._build_dflash_config()
         self.contract = draft_contract(self.dflash, cfg.draft_num_hidden_layers, cfg.draft_intermediate_size)
-        self.start = self._load_resume_state()             # refuses a mismatched contract before any weights load
+        self.resume_state = self._load_resume_state()      # refuses a mismatched contract before any weights load
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
@@ -567,8 +567,8 @@ class TrainDFlashRecipe:
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=int(cfg.warmup_ratio * self.total_steps),
             num_training_steps=self.total_steps, min_lr_rate=cfg.min_lr_ratio)
-        if self._sharded_draft(): self.model = self.trainer     # FSDP2 reduces the gradients: no DDP wrapper
-        else: self.model, self.optimizer = self.accelerator.prepare(self.trainer, self.optimizer)
+        if not self._sharded_draft():                       # FSDP2 reduces a sharded draft's gradients: no DDP wrapper
+            self.trainer, self.optimizer = self.accelerator.prepare(self.trainer, self.optimizer)
         self.generator = torch.Generator().manual_seed(cfg.seed * 1_000 + self.accelerator.process_index)
         return self
 
@@ -701,10 +701,11 @@ def _check_decode_prompts(self: TrainDFlashRecipe):
 @patch
 def _check_has_anchors(self: TrainDFlashRecipe):
     "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
-    last = self.cfg.seq_length - self.cfg.block_size    # a batch is at most seq_length long: anchors a <= S - bs
+    bs = self.dflash.block_size
+    last = self.cfg.seq_length - bs                      # a batch is at most seq_length long: anchors a <= S - bs
     first = self.train_set.with_format("arrow")["first_label"]   # each row's first supervised token, from the cache
     if pc.min(first).as_py() > last:
-        raise ConfigError(f"block_size: no training row can hold a block of {self.cfg.block_size} tokens (an anchor "
+        raise ConfigError(f"block_size: no training row can hold a block of {bs} tokens (an anchor "
                           f"is a supervised token with block_size - 1 tokens after it within seq_length="
                           f"{self.cfg.seq_length}); lower block_size or raise seq_length")
 
@@ -717,7 +718,7 @@ def _pack_datasets(self: TrainDFlashRecipe):
         packed = None if ds is None else pack_dataset(ds, cfg.seq_length)
         if packed is not None: self.print(packing_summary(ds, packed, cfg.seq_length, key))
         out.append(packed)
-    check_packed_blocks(out[0], cfg.block_size, "train_data")
+    check_packed_blocks(out[0], self.dflash.block_size, "train_data")
     self.train_set, self.eval_set = out
 
 # %% ../nbs/34_train.ipynb #731d7b60
@@ -744,8 +745,8 @@ def _sharded_target(self: TrainDFlashRecipe) -> bool:
 
 @patch
 def _build_draft(self: TrainDFlashRecipe):
-    if self.start is not None:
-        draft = DFlashDraftModel.from_pretrained(self.start["path"] / "draft", attn_implementation=self.cfg.attention_backend)
+    if self.resume_state is not None:
+        draft = DFlashDraftModel.from_pretrained(self.resume_state["path"] / "draft", attn_implementation=self.cfg.attention_backend)
     else:
         draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers,
                                                     self.cfg.draft_intermediate_size, self.cfg.attention_backend))
@@ -760,7 +761,12 @@ def _trainer_kwargs(self: TrainDFlashRecipe) -> dict:
 
 @patch
 def _build_trainer_module(self: TrainDFlashRecipe):
-    return DFlashTrainer(self.draft, **self._trainer_kwargs())
+    return self.trainer_class(self.draft, **self._trainer_kwargs())
+
+@patch
+def _bare_trainer(self: TrainDFlashRecipe):
+    "The trainer module without DDP's wrapper: validation's forwards (which must not sync) and the trainer's declarations."
+    return self.accelerator.unwrap_model(self.trainer)
 
 @patch
 def _count_total_steps(self: TrainDFlashRecipe) -> int:
@@ -801,7 +807,7 @@ def _shard_draft(self: TrainDFlashRecipe):
 def _no_sync(self: TrainDFlashRecipe, skip: bool):
     "No gradient reduction in a micro-batch that does not close its window (`skip`): DDP's `no_sync`, FSDP2's flag."
     if not skip: return nullcontext()
-    return _fsdp_no_sync(self.model) if self._sharded_draft() else self.accelerator.no_sync(self.model)
+    return _fsdp_no_sync(self.trainer) if self._sharded_draft() else self.accelerator.no_sync(self.trainer)
 
 @contextmanager
 def _fsdp_no_sync(model):
@@ -812,8 +818,8 @@ def _fsdp_no_sync(model):
 @patch
 def _clip_grad_norm(self: TrainDFlashRecipe) -> torch.Tensor:
     "Clip to `max_grad_norm`; the norm is the whole draft's on every rank (a sharded draft's gradients are DTensors)."
-    if not self._sharded_draft(): return self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-    norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+    if not self._sharded_draft(): return self.accelerator.clip_grad_norm_(self.trainer.parameters(), self.cfg.max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(self.trainer.parameters(), self.cfg.max_grad_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 def _state_dict_options(**kw):
@@ -831,7 +837,7 @@ def _full_draft_state(self: TrainDFlashRecipe) -> Optional[dict]:
     "A sharded draft's weights, gathered whole to rank 0's CPU (collective: every rank calls it; None elsewhere and unsharded)."
     if not self._sharded_draft(): return None
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    state = get_model_state_dict(self.model, options=_state_dict_options(cpu_offload=True))
+    state = get_model_state_dict(self.trainer, options=_state_dict_options(cpu_offload=True))
     return {k.removeprefix("draft."): v for k, v in state.items()} if self.accelerator.is_main_process else None
 
 @patch
@@ -839,7 +845,7 @@ def _full_optimizer_state(self: TrainDFlashRecipe) -> Optional[dict]:
     "A sharded draft's AdamW state, gathered to rank 0's CPU in the layout of an unsharded `optimizer.state_dict()` (collective)."
     if not self._sharded_draft(): return None
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    state = get_optimizer_state_dict(self.model, self.optimizer, options=_state_dict_options(cpu_offload=True))
+    state = get_optimizer_state_dict(self.trainer, self.optimizer, options=_state_dict_options(cpu_offload=True))
     if not self.accelerator.is_main_process: return None
     index = {n: i for i, n in enumerate(self._param_names())}
     return {"state": {index[n]: s for n, s in state["state"].items()},
@@ -853,7 +859,7 @@ def _load_optimizer_state(self: TrainDFlashRecipe, state: dict):
     names = self._param_names()
     by_name = {"state": {names[i]: s for i, s in state["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(self.model, self.optimizer, by_name if self.accelerator.is_main_process else {},
+    set_optimizer_state_dict(self.trainer, self.optimizer, by_name if self.accelerator.is_main_process else {},
                              options=_state_dict_options(broadcast_from_rank0=True))
 
 def _idle_blocks(batch: dict) -> dict:
@@ -924,79 +930,41 @@ def _features(self: TrainDFlashRecipe, batch) -> torch.Tensor:
 def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
     "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
     try: batch["anchor_positions"], batch["block_keep"] = sample_anchors(
-            batch["loss_mask"], self.cfg.block_size, self.cfg.num_anchors, generator=generator,
+            batch["loss_mask"], self.dflash.block_size, self.cfg.num_anchors, generator=generator,
             position_ids=batch.get("position_ids"))
     except NoValidAnchorsError: return False
     return True
 
 @patch
-def _weight_sum(self: TrainDFlashRecipe, batch) -> torch.Tensor:
-    "Σw of the micro-batch's loss (notebook 01), known before the forward so the window can be normalised up front."
-    _, valid = block_labels(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"], batch["block_keep"],
-                            self.cfg.block_size, self.dflash.shift_label, position_ids=batch.get("position_ids"))
-    return loss_weights(valid, self.cfg.loss_decay_gamma, self.dflash.shift_label).sum().double()   # 0-dim, on the device; float64 like the window scale
-
-@patch
-def _reduce(self: TrainDFlashRecipe, values: list, op: str) -> list[float]:
-    "One all-reduce (SUM or MIN) of a short list of numbers or 0-dim tensors, then one copy to the host; identity on one process."
-    dev = self.accelerator.device
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(()) for v in values])
-    if self.accelerator.num_processes > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
-    return t.tolist()
+def _add_targets(self: TrainDFlashRecipe, batch) -> torch.Tensor:
+    """The trainer's labels, valid slots and loss weights of the micro-batch's blocks, into it (the forward uses them);
+    returns their Σw, known before the forward so the window can be normalised up front."""
+    batch["targets"] = self._bare_trainer().block_targets(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"],
+                                                          batch["block_keep"], batch.get("position_ids"))
+    return batch["targets"][2].sum().double()   # 0-dim, on the device; float64 like the window scale
 
 # %% ../nbs/34_train.ipynb #5346aaeb
 @patch
-def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, **kw) -> dict:
-    model = model if model is not None else self.model
+def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None) -> dict:
+    "The trainer's forward on a micro-batch, with this step's λ and the labels and weights `_add_targets` put into it."
+    trainer, model = self._bare_trainer(), model if model is not None else self.trainer
+    lam = trainer.lambda_base(self.scheduler.last_epoch, self.total_steps, self.cfg)   # last_epoch = completed optimiser steps
     return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
-                 block_keep=batch["block_keep"], position_ids=batch.get("position_ids"), **kw)
-
-@patch
-def _train_metric_sums(self: TrainDFlashRecipe, out) -> dict:
-    "The micro-batch's named (numerator, denominator) pairs; `accuracy` / `accept_len` are those of the proposals."
-    m = out["metrics"]
-    sums = {k: m[k] for k in ("loss", "base_loss", "base_accuracy", "base_accept_len")}
-    sums.update(accuracy=m["base_accuracy"], accept_len=m["base_accept_len"])     # DFlash proposes with its base logits
-    return {**sums, **self._extra_train_metric_sums(out)}
-
-@patch
-def _extra_train_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
-
-@patch
-def _log_extra_train_metrics(self: TrainDFlashRecipe, metrics: dict) -> dict: return metrics
-
-@patch
-def _eval_metric_sums(self: TrainDFlashRecipe, out) -> dict:
-    sums = self._train_metric_sums(out)
-    sums.update(self._extra_eval_metric_sums(out))
-    return sums
-
-@patch
-def _extra_eval_metric_sums(self: TrainDFlashRecipe, out) -> dict: return {}
-
-@patch
-def _empty_extra_eval_metric_sums(self: TrainDFlashRecipe) -> dict: return {}
-
-EVAL_METRICS = ("loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len")
-
-@patch
-def _eval_metric_names(self: TrainDFlashRecipe) -> list[str]:
-    "Validation reports these, in this order, on every rank (a rank without a batch reports the empty sums)."
-    return [*EVAL_METRICS, *self._empty_extra_eval_metric_sums()]
+                 block_keep=batch["block_keep"], lambda_base=lam, position_ids=batch.get("position_ids"),
+                 targets=batch.get("targets"))
 
 # %% ../nbs/34_train.ipynb #ff2d5ad7
 @patch
 @torch.no_grad()
-def evaluate(self: TrainDFlashRecipe) -> dict:
+def validate(self: TrainDFlashRecipe) -> dict:
     "Teacher-forced validation. Anchors are seeded by row index, so any number of ranks reports the same sums."
     if self.eval_set is None: return {}
-    acc = self.accelerator
-    self.trainer.eval()
-    sums = EvalSums(self._eval_metric_names(), device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
+    acc, trainer = self.accelerator, self._bare_trainer()
+    trainer.eval()
+    sums = MetricSums(trainer.eval_metrics, device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
     order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
     sharded, collective = self._sharded_target(), self._sharded_target() or self._sharded_draft()
-    steps = int(-self._reduce([-len(order)], "min")[0]) if collective else len(order)   # the most any rank has
+    steps = int(-reduce_values([-len(order)], "min", acc)[0]) if collective else len(order)   # the most any rank has
     phase = Phase("validation", total=steps, unit="batch", show=acc.is_main_process)     # rank 0 draws for all
     for k in range(steps):
         mine = k < len(order)
@@ -1005,14 +973,13 @@ def evaluate(self: TrainDFlashRecipe) -> dict:
         feats = self._features(batch) if sharded else None                     # collective when sharded: every rank, every k
         if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])):
             if self._sharded_draft():                # join the draft's collective forward on a stand-in block, then drop it
-                self._run_trainer_step(_idle_blocks(batch), feats if sharded else self._features(batch), model=self.trainer)
+                self._run_trainer_step(_idle_blocks(batch), feats if sharded else self._features(batch), model=trainer)
         else:
-            out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=self.trainer)
-            for name, (num, den) in self._eval_metric_sums(out).items():
-                if name in sums.names: sums.add(name, num, den)
+            out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=trainer)
+            sums.add_all(out["metrics"])
         phase.update()
     sums.all_reduce(acc if acc.num_processes > 1 else None)
-    self.trainer.train()
+    trainer.train()
     res = sums.result()
     phase.done(f"{len(self.eval_set)} rows", f", loss {res['loss']:.3f}" if "loss" in res else "")
     return {f"eval/{k}": v for k, v in res.items()}
@@ -1025,35 +992,62 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
     Each micro-batch's loss is a Σw-normalised mean, so we rescale it by Σw_i / Σw_window (Σw over all micro-batches
     and ranks, known before any forward because anchors are sampled first): the step then equals one big batch, a
     trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`."""
-    cfg, acc = self.cfg, self.accelerator
+    world, trainer = self.accelerator.num_processes, self._bare_trainer()
+    batches, weights, total = self._window_batches(window)
+    if not batches or total == 0: return None
+    sums, finite = MetricSums(trainer.train_metrics, device=self.accelerator.device), []
+    for i, (batch, w) in enumerate(zip(batches, weights)):
+        out = self._micro_step(batch, w * world / total, sync=i == len(batches) - 1)
+        finite.append(torch.isfinite(out["loss"].detach()))
+        sums.add_all(out["metrics"])                   # stays on the device
+    if not self._all_finite(finite, step): return None
+    grad_norm = self._optimizer_step()
+    return {**trainer.window_metrics(sums.result()), "grad_norm": _scalar(grad_norm)}
+
+# %% ../nbs/34_train.ipynb #5c0e7a11
+@patch
+def _window_batches(self: TrainDFlashRecipe, window: list[dict]) -> tuple[list[dict], list, float]:
+    "The window's micro-batches that hold a block on every rank, with their anchors and targets; their Σw, and the window's."
+    acc = self.accelerator
     batches = [self._to_device(b) for b in window]
     has = [self._add_anchors(b, self.generator) for b in batches]
-    keep = self._reduce([float(h) for h in has], "min")   # skipped on every rank if any rank has no anchor
+    keep = reduce_values([float(h) for h in has], "min", acc)   # skipped on every rank if any rank has no anchor
     batches = [b for b, k in zip(batches, keep) if k]
-    weights = [self._weight_sum(b) for b in batches]
-    total = self._reduce([sum(weights)], "sum")[0]
-    if not batches or total == 0: return None
-    sums, finite = WindowSums(), []
-    for i, (batch, w) in enumerate(zip(batches, weights)):
-        last = i == len(batches) - 1
-        with self._no_sync(skip=not last):              # gradients sync once per window
-            out = self._run_trainer_step(batch, self._features(batch))
-            acc.backward(out["loss"] * (w * acc.num_processes / total).to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
-        finite.append(torch.isfinite(out["loss"].detach()))
-        for name, (num, den) in self._train_metric_sums(out).items(): sums.add(name, num, den)   # stays on the device
-    ok = self._reduce(finite, "min")                  # one check per window, on every rank, before the update
-    if not all(ok):
-        self.optimizer.zero_grad(set_to_none=True)
-        if cfg.on_nonfinite == "stop":
-            raise NonFiniteLossError(f"non-finite loss at optimiser step {step + 1}, micro-batch {ok.index(0.0) + 1} of its "
-                                     "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
-                                     "the data, or set on_nonfinite: skip.")
-        self.print(f"skipping optimiser step {step + 1}: non-finite loss"); return None
+    weights = [self._add_targets(b) for b in batches]
+    return batches, weights, reduce_values([sum(weights)], "sum", acc)[0]
+
+# %% ../nbs/34_train.ipynb #cee558f2
+@patch
+def _micro_step(self: TrainDFlashRecipe, batch: dict, scale: torch.Tensor, sync: bool) -> dict:
+    "Features, the trainer step and its backward, the loss scaled by `scale`; gradients sync only when `sync`."
+    with self._no_sync(skip=not sync):                 # gradients sync once per window
+        out = self._run_trainer_step(batch, self._features(batch))
+        self.accelerator.backward(out["loss"] * scale.to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
+    return out
+
+# %% ../nbs/34_train.ipynb #91be4655
+@patch
+def _all_finite(self: TrainDFlashRecipe, finite: list, step: int) -> bool:
+    "Whether every micro-batch's loss is finite on every rank: one check per window, before the update (else stop or skip)."
+    ok = reduce_values(finite, "min", self.accelerator)
+    if all(ok): return True
+    self.optimizer.zero_grad(set_to_none=True)
+    if self.cfg.on_nonfinite == "stop":
+        raise NonFiniteLossError(f"non-finite loss at optimiser step {step + 1}, micro-batch {ok.index(0.0) + 1} of its "
+                                 "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
+                                 "the data, or set on_nonfinite: skip.")
+    self.print(f"skipping optimiser step {step + 1}: non-finite loss")
+    return False
+
+# %% ../nbs/34_train.ipynb #3767cfec
+@patch
+def _optimizer_step(self: TrainDFlashRecipe) -> torch.Tensor:
+    "Clip, step, schedule; returns the gradient norm before clipping."
     grad_norm = self._clip_grad_norm()
-    self.optimizer.step(); self.scheduler.step(); self.optimizer.zero_grad(set_to_none=True)
-    stats = self._log_extra_train_metrics(sums.compute())
-    stats["grad_norm"] = _scalar(grad_norm)
-    return stats
+    self.optimizer.step()
+    self.scheduler.step()
+    self.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 # %% ../nbs/34_train.ipynb #1934c688
 @patch
@@ -1073,7 +1067,7 @@ def run(self: TrainDFlashRecipe) -> dict:
             # --config never repeats them
             saved = {**dataclasses.asdict(self.cfg), "overwrite": False, "resume": None}
             write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
-            if self.start is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
+            if self.resume_state is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
         return self._train(run_dir)
     except BaseException:
@@ -1086,58 +1080,100 @@ def run(self: TrainDFlashRecipe) -> dict:
 # %% ../nbs/34_train.ipynb #a99a6db2
 @patch
 def _train(self: TrainDFlashRecipe, run_dir: Path) -> dict:
-    cfg, acc = self.cfg, self.accelerator
-    if cfg.wandb_project:      # wandb's own files go into the run directory, not the working directory
-        acc.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
-                          init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
-    step, epoch, position = 0, 0, 0                    # optimiser steps done; epoch; samples of its order all ranks consumed
-    metrics_file = run_dir / "metrics.jsonl"
-    if self.start is not None: step, epoch, position = self._restore(metrics_file)
-    self.bar = bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_main_process or bool(os.environ.get("TQDM_DISABLE")), desc=cfg.run_name)
-    self.model.train()
+    "The loop: each epoch's windows in their seeded order, one optimiser step each, logged, validated and saved on schedule."
+    cfg, metrics_file = self.cfg, run_dir / "metrics.jsonl"
+    self._start_tracker(run_dir)
+    # optimiser steps done; epoch; samples of the epoch's order all ranks consumed
+    step, epoch, position = (0, 0, 0) if self.resume_state is None else self._restore(metrics_file)
+    self.bar = self._progress_bar(step)
+    self.trainer.train()
     while step < self.total_steps and epoch < cfg.num_epochs:
-        batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
-                              cfg.micro_batch_size, pad=True, start=position)
-        start, offset, loader = position, 0, iter(self._train_loader(batches))   # offset: micro-batches of `batches` done
-        while offset < len(batches) and step < self.total_steps:
+        windows, epoch_done = self._epoch_windows(epoch, position), True   # an epoch with no window left is done at once
+        for window, position, epoch_done in windows:
             self.stage = f"training (optimiser step {step + 1})"
-            window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
-            offset += len(window)
-            position = start + offset * cfg.micro_batch_size * acc.num_processes   # every rank took as many
-            stats = self._train_window(window, step)
-            if stats is None: continue                  # the whole window was skipped on every rank
-            step += 1
-            stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
-            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0: stats.update(self.evaluate())
-            self._log(metrics_file, stats, step)
-            _fault_point("optimiser-step")
-            bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
-                            **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
-            if cfg.save_every_steps and step % cfg.save_every_steps == 0:
-                self.stage = f"saving checkpoint step-{step}"
-                self._save(run_dir, step, *((epoch + 1, 0) if offset >= len(batches) else (epoch, position)))
-        if offset >= len(batches):
+            stats = self._train_window(window, step)       # anchors, targets, features, trainer steps; clip, step, schedule
+            if stats is not None:                           # None: the whole window was skipped on every rank
+                step += 1
+                self._log_step(metrics_file, stats, step, epoch)                      # validates when it is due
+                self._save_on_schedule(run_dir, step, *((epoch + 1, 0) if epoch_done else (epoch, position)))
+            if step >= self.total_steps: break
+        if epoch_done:
             epoch, position = epoch + 1, 0
             if epoch < cfg.num_epochs and step < self.total_steps and cfg.eval_data is not None:
-                self._log(metrics_file, {"step": step, "epoch": epoch, **self.evaluate()}, step)
-    bar.close()
+                self._log(metrics_file, {"step": step, "epoch": epoch, **self.validate()}, step)
+    return self._finish(run_dir, metrics_file, step, epoch, position)
+
+# %% ../nbs/34_train.ipynb #6b1f2c33
+@patch
+def _start_tracker(self: TrainDFlashRecipe, run_dir: Path):
+    "wandb through accelerate, when `wandb_project` is set; its own files go into the run directory."
+    cfg = self.cfg
+    if cfg.wandb_project:
+        self.accelerator.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
+                                       init_kwargs={"wandb": {"name": cfg.run_name, "dir": str(run_dir)}})
+
+# %% ../nbs/34_train.ipynb #317691c8
+@patch
+def _progress_bar(self: TrainDFlashRecipe, step: int) -> tqdm:
+    hide = not self.accelerator.is_main_process or bool(os.environ.get("TQDM_DISABLE"))
+    return tqdm(total=self.total_steps, initial=step, disable=hide, desc=self.cfg.run_name)
+
+# %% ../nbs/34_train.ipynb #182bfaeb
+@patch
+def _epoch_windows(self: TrainDFlashRecipe, epoch: int, position: int):
+    """The windows of up to `grad_accumulation_steps` collated micro-batches left in `epoch` from sample `position` on;
+    each with the position after it (every rank took as many) and whether it ends the epoch."""
+    cfg, acc = self.cfg, self.accelerator
+    batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
+                          cfg.micro_batch_size, pad=True, start=position)
+    loader, offset = iter(self._train_loader(batches)), 0          # offset: micro-batches of `batches` done
+    while offset < len(batches):
+        window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
+        offset += len(window)
+        yield window, position + offset * cfg.micro_batch_size * acc.num_processes, offset >= len(batches)
+
+# %% ../nbs/34_train.ipynb #524eb9e6
+@patch
+def _log_step(self: TrainDFlashRecipe, metrics_file: Path, stats: dict, step: int, epoch: int):
+    "An optimiser step's row of metrics.jsonl, with validation when it is due, and the progress bar."
+    stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
+    if self.cfg.eval_every_steps and step % self.cfg.eval_every_steps == 0: stats.update(self.validate())
+    self._log(metrics_file, stats, step)
+    _fault_point("optimiser-step")
+    self.bar.update(1)
+    self.bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
+                         **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
+
+# %% ../nbs/34_train.ipynb #9a87c71c
+@patch
+def _save_on_schedule(self: TrainDFlashRecipe, run_dir: Path, step: int, epoch: int, position: int):
+    if self.cfg.save_every_steps and step % self.cfg.save_every_steps == 0:
+        self.stage = f"saving checkpoint step-{step}"
+        self._save(run_dir, step, epoch, position)
+
+# %% ../nbs/34_train.ipynb #45c3449b
+@patch
+def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: int, epoch: int, position: int) -> dict:
+    "The end of the loop: the final validation (its row has `final: true`), the last checkpoint and the exported draft."
+    acc, cfg = self.accelerator, self.cfg
+    self.bar.close()
     if step == 0:
-        raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {cfg.block_size} "
+        raise ConfigError(f"block_size: no optimiser step was taken: no micro-batch held a block of {self.dflash.block_size} "
                           f"tokens within seq_length={cfg.seq_length}; lower block_size or raise seq_length")
     self.stage = "validating at the end"
-    final = {"step": step, **self.evaluate()}
+    final = {"step": step, **self.validate()}
     self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)   # `_restore` drops it: one final row per step
     self.stage = f"saving checkpoint step-{step}"
     self._save(run_dir, step, epoch, position)
     draft_state = self._full_draft_state()             # collective when the draft is sharded
     self.stage = f"exporting the draft to {run_dir / 'draft'}"
     if acc.is_main_process:
-        _export_draft(acc.unwrap_model(self.model).draft, run_dir / "draft", draft_state)
+        _export_draft(self._bare_trainer().draft, run_dir / "draft", draft_state)
         _write_json(run_dir / "summary.json", final)
     acc.wait_for_everyone()
     return final
 
+# %% ../nbs/34_train.ipynb #1b02ab3a
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
     if self.accelerator.is_main_process:
@@ -1159,7 +1195,7 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
     if acc.is_main_process:
         loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
                 "grad_accumulation_steps": self.cfg.grad_accumulation_steps}
-        save_checkpoint(run_dir, step, acc.unwrap_model(self.model).draft, optim_state or self.optimizer, self.scheduler, loop,
+        save_checkpoint(run_dir, step, self._bare_trainer().draft, optim_state or self.optimizer, self.scheduler, loop,
                         rng, self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints, draft_state=draft_state)
         if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
     self.saved_step = step
@@ -1167,7 +1203,7 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
 
 @patch
 def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
-    s, acc, loop = self.start, self.accelerator, self.start["loop"]
+    s, acc, loop = self.resume_state, self.accelerator, self.resume_state["loop"]
     # older checkpoints counted micro-batches per rank: the same place in the epoch's order
     position = loop["position"] if "position" in loop else loop["offset"] * self.cfg.micro_batch_size * loop["world_size"]
     self._load_optimizer_state(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
@@ -1180,17 +1216,13 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
         write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
     moved = f" on {acc.num_processes} processes (it had {saved_world})" if saved_world != acc.num_processes else ""
     self.print(f"resumed from {s['path']} at step {step}{moved}, sample {position} of epoch {loop['epoch']}")
-    self.start = {"path": s["path"], "loop": loop}       # the optimiser state is loaded: let it go
+    self.resume_state = {"path": s["path"], "loop": loop}   # the optimiser state is loaded: let it go
     return step, loop["epoch"], position
 
 # %% ../nbs/34_train.ipynb #b62d43ea
 class TrainDominoRecipe(TrainDFlashRecipe):
-    config_class = DominoTrainConfig
-
-    def setup(self):
-        c = self.cfg
-        self.lambda_schedule = lambda step: lambda_base_schedule(step, self.total_steps, c.lambda_base_start, c.lambda_base_decay_ratio)
-        return super().setup()
+    "The DFlash recipe with the Domino trainer (notebook 05: λ, metrics, the head) and the head's fields in the draft config."
+    config_class, trainer_class = DominoTrainConfig, DominoTrainer
 
     def _build_dflash_config(self) -> DFlashConfig:
         c = self.cfg
@@ -1198,27 +1230,6 @@ class TrainDominoRecipe(TrainDFlashRecipe):
         return dataclasses.replace(d, projector_type="domino", emb_dim=c.emb_dim, gru_hidden_dim=c.gru_hidden_dim,
                                    pure_draft_prefix_len=c.pure_draft_prefix_len).validate(
             vocab_size=self.target_config.vocab_size, num_target_layers=self.target_config.num_hidden_layers)
-
-    def _build_trainer_module(self):
-        return DominoTrainer(self.draft, **self._trainer_kwargs())
-
-    def _run_trainer_step(self, batch, features, model=None, **kw):
-        lam = self.lambda_schedule(self.scheduler.last_epoch)           # last_epoch = completed optimiser steps
-        return super()._run_trainer_step(batch, features, model, lambda_base=lam, **kw)
-
-    def _extra_train_metric_sums(self, out) -> dict:
-        "Domino proposes with its corrected logits: those are its `accuracy` and `accept_len`; plus the final loss and λ."
-        m = out["metrics"]
-        return {"final_loss": m["final_loss"], "accuracy": m["final_accuracy"], "accept_len": m["final_accept_len"],
-                "lambda_base": m["lambda_base"]}
-
-    def _extra_eval_metric_sums(self, out) -> dict: return {"final_loss": out["metrics"]["final_loss"]}
-
-    def _empty_extra_eval_metric_sums(self) -> dict: return {"final_loss": (0.0, 0.0)}
-
-    def _log_extra_train_metrics(self, metrics: dict) -> dict:
-        metrics["head_gain"] = metrics["accept_len"] - metrics["base_accept_len"]  # what the head adds this window
-        return metrics
 
 # %% ../nbs/34_train.ipynb #a95b9e7a
 RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}

@@ -22,7 +22,7 @@ cfg = load_train_config(config_path)
 recipe = RECIPES[cfg.recipe](cfg).setup()
 rank = recipe.accelerator.process_index
 if mode == "eval":
-    result = recipe.evaluate()
+    result = recipe.validate()
 elif mode == "train":
     result = recipe.run()
 else:

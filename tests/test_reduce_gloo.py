@@ -1,4 +1,4 @@
-"EvalSums across 2 gloo ranks (one with no batch at all) == the 1-process result over the same data, with no hang."
+"MetricSums across 2 gloo ranks (one with no batch at all) == the 1-process result over the same data, with no hang."
 import json, os, socket, time
 from datetime import timedelta
 
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from domino_research.reduce import EvalSums
+from domino_research.reduce import MetricSums
 
 NAMES = ["loss", "final_loss", "accuracy", "accept_len"]
 TIMEOUT_S = 120
@@ -27,7 +27,7 @@ def _batches(n=7, seed=0):
 
 
 def _accumulate(batches):
-    es = EvalSums(NAMES)
+    es = MetricSums(NAMES)
     for b in batches:
         for name, (num, den) in b.items(): es.add(name, num, den)
     return es
@@ -67,7 +67,7 @@ def _spawn(tmp_path, split, use_accelerate=False, world=2):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 if p.is_alive(): p.kill()
-            pytest.fail(f"EvalSums all_reduce with split={split} did not finish within {TIMEOUT_S} s (hang?)")
+            pytest.fail(f"MetricSums all_reduce with split={split} did not finish within {TIMEOUT_S} s (hang?)")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -430,14 +430,14 @@ def test_validation_ends_with_one_summary_line_on_the_main_process_only(tiny, tm
     recipe = RECIPES[cfg.recipe](cfg).setup()
     try:
         capsys.readouterr()
-        res = recipe.evaluate()
+        res = recipe.validate()
         out, err = capsys.readouterr()
         lines = [line for line in out.splitlines() if line.startswith("validation:")]
         assert len(lines) == 1 and re.fullmatch(rf"validation: {len(recipe.eval_set)} rows in [\d.]+ s, loss {res['eval/loss']:.3f}",
                                                 lines[0]), out
         assert "validation" in err and "batch" in err, err                   # the bar, on stderr
         monkeypatch.setattr(type(recipe.accelerator), "is_main_process", property(lambda self: False))
-        assert recipe.evaluate() == res                                      # the same numbers, silently
+        assert recipe.validate() == res                                      # the same numbers, silently
         out, err = capsys.readouterr()
         assert "validation" not in out + err, (out, err)
     finally: recipe.close()
