@@ -21,7 +21,7 @@ from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
-from .stats import pooled_rate_difference, pooled_tau_ratio
+from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
 from .target import load_target
 from .train import (
     RECIPES, DFlashTrainConfig, list_checkpoints, load_train_config, main, resolve_data_path, resolve_target_path)
@@ -182,8 +182,10 @@ def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
     per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
                 for k, s in enumerate(shared)}
     per_slot = _slot_differences(_slot_counts(runs[a], shared, "spec"), num[1], _slot_counts(runs[b], shared, "spec"), den[1], n_boot)
-    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **_ratio_by_loops(num, den, rows, n_boot), "per_seed": per_seed,
-            "per_slot": per_slot}
+    ratios = _ratio_by_loops(num, den, rows, n_boot)
+    seed_t = seed_t_interval(per_seed.values()) if len(per_seed) > 1 else None     # the seeds alone (notebook 07)
+    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **ratios, "per_seed": per_seed, "per_slot": per_slot,
+            "seed_t": seed_t, "quoted": wider_interval(ratios["all"], seed_t)}
 
 def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
     "τ with the head / τ of the same drafts without it (backbone only), pooled over seeds, with intervals."
@@ -243,13 +245,17 @@ def comparisons_markdown(res: dict) -> list[str]:
     rows += [(f"`{n}` with / without head", "the head, inside the same drafts", d["head_gain"])
              for n, d in res["variants"].items() if d.get("head_gain")]
     if not rows: return []
-    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed |", "|---|---|---|---|---|---|"]
+    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed | seed t [95 %] | quoted |",
+           "|---|---|---|---|---|---|---|---|"]
     for name, q, c in rows:
         seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
-        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} |")
+        quoted = c.get("quoted") or {}
+        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} | "
+                   f"{_fmt_ci(c.get('seed_t'))} | {quoted.get('interval', 'bootstrap')} |")
     n = rows[0][2]
     out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled; "
-                f"{n['n_looping']} of the prompts have a target continuation that loops."]
+                f"{n['n_looping']} of the prompts have a target continuation that loops. seed t: Student's t over the per-seed ratios; "
+                "quoted: the wider of the two intervals, the one to cite."]
     return out
 
 def results_markdown(res: dict) -> str:
