@@ -101,6 +101,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                     'domino_research/ablations.py'),
                                            'domino_research.ablations.summarize': ( 'ablations.html#summarize',
                                                                                     'domino_research/ablations.py'),
+                                           'domino_research.ablations.time_kept_drafts': ( 'ablations.html#time_kept_drafts',
+                                                                                           'domino_research/ablations.py'),
                                            'domino_research.ablations.with_learning_rate': ( 'ablations.html#with_learning_rate',
                                                                                              'domino_research/ablations.py'),
                                            'domino_research.ablations.with_learning_rates': ( 'ablations.html#with_learning_rates',

@@ -31,8 +31,8 @@ __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS'
            'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
            'lr_sweep', 'with_learning_rates', 'spread', 'compare', 'head_gain', 'summarize', 'comparisons_markdown',
            'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
-           'latency', 'stopwatch', 'finished_record', 'run_one', 'plan_ablation', 'run_ablation', 'budget_summary',
-           'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation',
+           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -573,6 +573,23 @@ def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, 
     log(f"[{name} seed {seed}] prompt lookup: τ {rec['tau']:.3f}, lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
     return rec
 
+
+# %% ../nbs/40_ablations.ipynb #35f6d700
+def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:
+    "Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn: {variant: {seed: latency}} → latency.json."
+    out, targets, timed = Path(out_dir), _Targets(), {}
+    for rec_file in sorted((out / "runs").glob("*/seed*/result.json")):
+        rec, run_dir = json.loads(rec_file.read_text()), rec_file.parent
+        lookup, draft = rec["recipe"] == "ngram", run_dir / KEPT_DRAFT
+        if not lookup and not draft.is_dir(): log(f"[{run_dir.parent.name} {run_dir.name}] no kept draft: not timed"); continue
+        c = rec["fingerprint"]["config"]
+        ev = evaluate_draft(None if lookup else draft, target=targets(resolve_target_path(c["target"])),
+                            prompts=resolve_data_path(str(prompts or "embedded:test")), n_prompts=n_eval_prompts,
+                            max_new_tokens=max_new_tokens, enable_thinking=c["enable_thinking"], progress=False,
+                            drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
+        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"tau": ev["tau"], **latency(ev)}
+    (out / "latency.json").write_text(json.dumps(timed, indent=2, allow_nan=False) + "\n")
+    return timed
 
 # %% ../nbs/40_ablations.ipynb #f86a2fde
 def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Optional[dict] = None,
