@@ -21,16 +21,17 @@ from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
-from .stats import pooled_rate_difference, pooled_tau_ratio
+from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
 from .target import load_target
 from .train import (
     RECIPES, DFlashTrainConfig, list_checkpoints, load_train_config, main, resolve_data_path, resolve_target_path)
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE',
-           'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'spread', 'compare', 'head_gain',
-           'summarize', 'comparisons_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest',
-           'delete_weights', 'stopwatch', 'finished_record', 'run_one', 'plan_ablation', 'run_ablation',
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'KEPT_DRAFT',
+           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
+           'lr_sweep', 'with_learning_rates', 'spread', 'compare', 'head_gain', 'summarize', 'comparisons_markdown',
+           'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
+           'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation',
            'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
@@ -75,6 +76,16 @@ def _head_share(cfg, load, share: float = 0.05) -> dict:
         if draft_parameters(dataclasses.replace(cfg, **head)) - backbone <= share * backbone: return head
     return {"emb_dim": 1, "gru_hidden_dim": 1}
 
+def _depth_matched(layers: int) -> Callable:
+    """Domino's label convention, `layers` draft layers, and the MLP width that brings the draft nearest Domino's
+    parameter count: capacity matched by depth (which also changes the captured target layers), not by width alone."""
+    def overrides(cfg, load) -> dict:
+        deeper = dataclasses.replace(cfg, shift_label=True, draft_num_hidden_layers=layers, draft_intermediate_size=1)
+        per_width = 3 * AutoConfig.from_pretrained(resolve_target_path(cfg.target)).hidden_size * layers
+        width = 1 + round((draft_parameters(load("embedded_domino")) - draft_parameters(deeper)) / per_width)
+        return {"shift_label": True, "draft_num_hidden_layers": layers, "draft_intermediate_size": max(1, width)}
+    return overrides
+
 VARIANTS = {
     "dflash":        Variant("embedded_dflash", {}, "DFlash backbone, no head"),
     "domino":        Variant("embedded_domino", {}, "Domino recipe defaults"),
@@ -89,6 +100,9 @@ VARIANTS = {
     "dflash_shift_matched": Variant("embedded_dflash", _matched_to_domino,
                                     "DFlash, Domino's convention, MLP widened to Domino's parameter count"),
     "domino_small_head": Variant("embedded_domino", _head_share, "head about 5 % of the backbone"),
+    "dflash_shift_d3": Variant("embedded_dflash", _depth_matched(3), "DFlash, Domino's convention, 3 layers at Domino's parameter count"),
+    "dflash_shift_d4": Variant("embedded_dflash", _depth_matched(4), "DFlash, Domino's convention, 4 layers at Domino's parameter count"),
+    "lambda_steps720": Variant("embedded_domino", {"lambda_base_decay_steps": 720}, "λ decays over 720 steps, whatever the budget"),
     "ngram":         Variant("embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training",
                              drafter="ngram"),
 }
@@ -118,6 +132,28 @@ def resolve_variant(name: str, variant: Variant, block_size: Optional[int] = Non
     ov.update(own)
     return config, ov, dict(own), load_train_config(config, **ov)
 
+# %% ../nbs/40_ablations.ipynb #b2fd4bda
+def with_learning_rate(variant: Variant, lr: float) -> Variant:
+    "`variant` trained at learning rate `lr` (its other changes kept, callable ones included)."
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < float("inf"):
+        raise ConfigError(f"learning rate: must be a number > 0 (got {lr!r})")
+    own = variant.overrides
+    keys = (lambda cfg, load: {**own(cfg, load), "learning_rate": float(lr)}) if callable(own) else {**own, "learning_rate": float(lr)}
+    return dataclasses.replace(variant, overrides=keys, note=f"{variant.note}, lr {lr:g}")
+
+# %% ../nbs/40_ablations.ipynb #dc3a2cc4
+def lr_sweep(runs, table: Optional[dict] = None) -> dict:
+    "A table of (variant, learning rate) runs, named `<variant>_lr<rate>`, for `run_ablation(list(t), ..., table=t)`."
+    table = VARIANTS if table is None else table
+    unknown = sorted({n for n, _ in runs} - set(table))
+    if unknown: raise ConfigError(f"lr_sweep: unknown variants {unknown}; choose from {list(table)}")
+    return {f"{n}_lr{lr:g}": with_learning_rate(table[n], lr) for n, lr in runs}
+
+def with_learning_rates(rates: dict, table: Optional[dict] = None) -> dict:
+    "The table with each variant of `rates` ({variant: lr}) at its own learning rate, names unchanged."
+    table = VARIANTS if table is None else table
+    return {n: with_learning_rate(v, rates[n]) if n in rates else v for n, v in table.items()}
+
 # %% ../nbs/40_ablations.ipynb #75a88c19
 def _seed_key(s): return (0, int(s), "") if str(s).lstrip("-").isdigit() else (1, 0, str(s))   # 2 before 10
 
@@ -131,6 +167,8 @@ def spread(values: list[Optional[float]]) -> dict:
 # %% ../nbs/40_ablations.ipynb #1b124a45
 COMPARISONS = (   # (numerator, denominator, question)
     ("domino", "dflash_shift_matched", "the head, at equal parameter count"),
+    ("domino", "dflash_shift_d3", "the head, at equal parameter count, against a 3-layer backbone"),
+    ("domino", "dflash_shift_d4", "the head, at equal parameter count, against a 4-layer backbone"),
     ("domino_small_head", "dflash_shift", "a head of the Domino paper's proportions"),
     ("domino", "dflash_shift", "the head, its parameters added"),
     ("dflash_shift_matched", "dflash_shift", "parameters alone (a wider backbone)"),
@@ -140,6 +178,7 @@ COMPARISONS = (   # (numerator, denominator, question)
     ("head_small", "domino", "a quarter of the head's width and rank"),
     ("lambda_r1.0", "domino", "λ decaying over the whole run, not half"),
     ("no_curriculum", "domino", "no curriculum (λ = 0 from the start)"),
+    ("lambda_steps720", "domino", "λ decaying over 720 steps, not half the budget"),
     ("shift_false", "domino", "DFlash's label convention inside Domino"),
 )
 
@@ -182,8 +221,10 @@ def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
     per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
                 for k, s in enumerate(shared)}
     per_slot = _slot_differences(_slot_counts(runs[a], shared, "spec"), num[1], _slot_counts(runs[b], shared, "spec"), den[1], n_boot)
-    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **_ratio_by_loops(num, den, rows, n_boot), "per_seed": per_seed,
-            "per_slot": per_slot}
+    ratios = _ratio_by_loops(num, den, rows, n_boot)
+    seed_t = seed_t_interval(per_seed.values()) if len(per_seed) > 1 else None     # the seeds alone (notebook 07)
+    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **ratios, "per_seed": per_seed, "per_slot": per_slot,
+            "seed_t": seed_t, "quoted": wider_interval(ratios["all"], seed_t)}
 
 def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
     "τ with the head / τ of the same drafts without it (backbone only), pooled over seeds, with intervals."
@@ -195,7 +236,9 @@ def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
 
 # %% ../nbs/40_ablations.ipynb #4786f8a1
 SEED_KEYS = ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len", "base_accept_len", "per_slot_acceptance",
-             "per_slot_acceptance_base", "lossless", "speedup", "steps", "train_seconds", "eval_seconds")
+             "per_slot_acceptance_base", "lossless", "speedup", "steps", "train_seconds", "eval_seconds", "draft_ms", "step_ms", "tau_per_draft_ms",
+             "tau_per_step_ms")
+LATENCY_KEYS = ("draft_ms", "step_ms", "tau_per_draft_ms", "tau_per_step_ms")   # absent from records older than the column
 
 def _mean_lists(lists: list[list[float]]) -> list[float]:
     return [statistics.fmean(col) for col in zip(*lists)] if lists else []
@@ -214,10 +257,11 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
             "block_size": first["block_size"], "seeds": [str(s) for s in order],
             **{k: spread([r[k] for r in recs]) for k in ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len",
                                                           "base_accept_len")},
+            **{k: spread([r.get(k) for r in recs]) for k in LATENCY_KEYS},
             "per_slot_acceptance": _mean_lists([r["per_slot_acceptance"] for r in recs]),
             "per_slot_acceptance_base": _mean_lists([r["per_slot_acceptance_base"] for r in recs]),
             "lossless": all(r["lossless"] for r in recs),
-            "per_seed": {str(s): {k: seeds[s][k] for k in SEED_KEYS} for s in order}}
+            "per_seed": {str(s): {k: seeds[s].get(k) for k in SEED_KEYS} for s in order}}
     for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
     out["comparisons"] = [{**c, "question": q} for a, b, q in COMPARISONS if (c := compare(runs, a, b, n_boot)) is not None]
     return out
@@ -243,13 +287,17 @@ def comparisons_markdown(res: dict) -> list[str]:
     rows += [(f"`{n}` with / without head", "the head, inside the same drafts", d["head_gain"])
              for n, d in res["variants"].items() if d.get("head_gain")]
     if not rows: return []
-    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed |", "|---|---|---|---|---|---|"]
+    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed | seed t [95 %] | quoted |",
+           "|---|---|---|---|---|---|---|---|"]
     for name, q, c in rows:
         seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
-        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} |")
+        quoted = c.get("quoted") or {}
+        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} | "
+                   f"{_fmt_ci(c.get('seed_t'))} | {quoted.get('interval', 'bootstrap')} |")
     n = rows[0][2]
     out += ["", f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled; "
-                f"{n['n_looping']} of the prompts have a target continuation that loops."]
+                f"{n['n_looping']} of the prompts have a target continuation that loops. seed t: Student's t over the per-seed ratios; "
+                "quoted: the wider of the two intervals, the one to cite."]
     return out
 
 def results_markdown(res: dict) -> str:
@@ -258,16 +306,19 @@ def results_markdown(res: dict) -> str:
     lines = [f"Ablations: {m.get('steps')} optimiser steps per run, seeds {m.get('seeds')}, τ from greedy speculative "
              f"decoding of {m.get('n_eval_prompts')} test prompts × ≤ {m.get('max_new_tokens')} new tokens "
              f"({m.get('date', '')}; {m.get('run_seconds', 0) / 60:.1f} min of training + decoding).", "",
-             "| variant | recipe | changes | bs | τ (mean ± std) | τ min–max | base τ | accuracy | lossless | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | recipe | changes | bs | τ (mean ± std) | τ min–max | base τ | accuracy | lossless | seeds | draft ms / step "
+             "| τ / draft ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in res["variants"].items():
         lines.append(f"| `{name}` | {d['recipe']} | {_fmt_changes(d['changes'])} | {d['block_size']} | {_fmt(d['tau'])} | "
                      f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {_fmt(d['accuracy'], 3)} | "
-                     f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} |")
+                     f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} | {_fmt(d.get('draft_ms'), 3)} | "
+                     f"{_fmt(d.get('tau_per_draft_ms'))} |")
     lines += comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
-                  "split. ± is the sample std over seeds."]
+                  "split. ± is the sample std over seeds. draft ms / step: the draft's time per verify step (backbone and head "
+                  "rollout, or prompt lookup's search), from the timed speculative decode on this machine; τ / draft ms: τ per "
+                  "millisecond of it (compare only rows decoded on the same machine, with the same number of runs at a time)."]
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/40_ablations.ipynb #325f3696
@@ -369,12 +420,36 @@ def _read_json(path: Path) -> Optional[dict]:
     try: return json.loads(path.read_text())
     except (OSError, ValueError): return None
 
+KEPT_DRAFT = "draft_bf16"     # a run's kept draft: bf16 safetensors beside its result.json (about 1.5 MB for the embedded recipe)
+
 def delete_weights(run_dir) -> list[Path]:
-    "Remove a run's checkpoints and every *.safetensors under it (results stay); returns what was removed."
+    "Remove a run's checkpoints and every *.safetensors under it but its kept draft (results stay); returns what was removed."
     run_dir, gone = Path(run_dir), []
     if (run_dir / "checkpoints").is_dir(): shutil.rmtree(run_dir / "checkpoints"); gone.append(run_dir / "checkpoints")
-    for f in sorted(run_dir.rglob("*.safetensors")): f.unlink(); gone.append(f)
+    for f in sorted(run_dir.rglob("*.safetensors")):
+        if (run_dir / KEPT_DRAFT) in f.parents: continue
+        f.unlink(); gone.append(f)
     return gone
+
+def keep_draft(draft_dir, out_dir) -> int:
+    """Copy a draft folder to `out_dir` with its floating-point weights in bf16 (config and the rest as they are), so a
+    study's drafts can be decoded again on other prompts; returns the bytes of the weights written."""
+    from safetensors.torch import load_file, save_file
+    out, written = Path(out_dir), 0
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(draft_dir).iterdir()):
+        if f.suffix != ".safetensors": shutil.copy2(f, out / f.name); continue
+        tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}
+        save_file(tensors, out / f.name, metadata={"format": "pt"}); written += (out / f.name).stat().st_size
+    return written
+
+def latency(ev: dict) -> dict:
+    """Per verify step of the speculative decode (`evaluate_draft`'s profile, ms): the draft's time (backbone and rollout;
+    prompt lookup's search), the whole step's, and τ per ms of each (None where a time is 0)."""
+    ms = ev["profile"]["ms_per_verify_step"]
+    draft_ms, step_ms = ms.get("draft", 0.0) + ms.get("rollout", 0.0), sum(ms.values())
+    per = lambda t: ev["tau"] / t if t > 0 else None
+    return {"draft_ms": draft_ms, "step_ms": step_ms, "tau_per_draft_ms": per(draft_ms), "tau_per_step_ms": per(step_ms)}
 
 class _Targets:
     "Targets loaded once per path for decoding (model, tokenizer)."
@@ -430,8 +505,10 @@ def finished_record(**task) -> Optional[dict]:
     return done if done is not None and done.get("fingerprint") == fp else None
 
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
-            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print, drafter: str = "draft") -> dict:
-    "Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json)."
+            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print, drafter: str = "draft",
+            keep_drafts: bool = True) -> dict:
+    """Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json).
+    `keep_drafts`: the trained draft stays in <run>/draft_bf16 (bf16 safetensors); every other weight is deleted."""
     run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens)
     done = _read_json(run_dir / "result.json")
     if done is not None and done.get("fingerprint") == fp:
@@ -462,12 +539,13 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     rec = {"variant": name, "seed": seed, "recipe": cfg.recipe, "changes": changes, "block_size": cfg.block_size,
            "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
            "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"],
-           "speedup": ev["speedup"], "steps": final["step"],
+           "speedup": ev["speedup"], **latency(ev), "steps": final["step"],
            "accuracy": final.get("eval/accuracy"), "base_accuracy": final.get("eval/base_accuracy"),
            "accept_len": final.get("eval/accept_len"), "base_accept_len": final.get("eval/base_accept_len"),
            "train_seconds": trained["train_seconds"], "eval_seconds": time.perf_counter() - t0,
            "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
            "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]], "fingerprint": fp}
+    if keep_drafts: rec["kept_draft_bytes"] = keep_draft(run_dir / "draft", run_dir / KEPT_DRAFT)
     (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
     delete_weights(run_dir)
     log(f"[{name} seed {seed}] {final['step']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
@@ -485,7 +563,7 @@ def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, 
                         drafter="ngram", **PROMPT_SAMPLE)
     rec = {"variant": name, "seed": seed, "recipe": "ngram", "changes": ev["prompt_lookup"], "block_size": ev["block_size"],
            "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
-           "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"], "speedup": ev["speedup"],
+           "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"], "speedup": ev["speedup"], **latency(ev),
            "steps": 0, "accuracy": None, "base_accuracy": None, "accept_len": None, "base_accept_len": None,
            "train_seconds": 0.0, "eval_seconds": time.perf_counter() - t0,
            "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
@@ -495,6 +573,23 @@ def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, 
     log(f"[{name} seed {seed}] prompt lookup: τ {rec['tau']:.3f}, lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
     return rec
 
+
+# %% ../nbs/40_ablations.ipynb #35f6d700
+def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:
+    "Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn: {variant: {seed: latency}} → latency.json."
+    out, targets, timed = Path(out_dir), _Targets(), {}
+    for rec_file in sorted((out / "runs").glob("*/seed*/result.json")):
+        rec, run_dir = json.loads(rec_file.read_text()), rec_file.parent
+        lookup, draft = rec["recipe"] == "ngram", run_dir / KEPT_DRAFT
+        if not lookup and not draft.is_dir(): log(f"[{run_dir.parent.name} {run_dir.name}] no kept draft: not timed"); continue
+        c = rec["fingerprint"]["config"]
+        ev = evaluate_draft(None if lookup else draft, target=targets(resolve_target_path(c["target"])),
+                            prompts=resolve_data_path(str(prompts or "embedded:test")), n_prompts=n_eval_prompts,
+                            max_new_tokens=max_new_tokens, enable_thinking=c["enable_thinking"], progress=False,
+                            drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
+        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"tau": ev["tau"], **latency(ev)}
+    (out / "latency.json").write_text(json.dumps(timed, indent=2, allow_nan=False) + "\n")
+    return timed
 
 # %% ../nbs/40_ablations.ipynb #f86a2fde
 def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Optional[dict] = None,
@@ -548,7 +643,7 @@ def _run_in_workers(tasks: dict, jobs: int, log, tick=lambda: None) -> dict:
 
 def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_new_tokens: int,
                  block_size: Optional[int] = None, base_overrides: Optional[dict] = None, prompts=None, configs: Optional[dict] = None,
-                 table: Optional[dict] = None, jobs: int = 1, log=print) -> dict:
+                 table: Optional[dict] = None, jobs: int = 1, log=print, keep_drafts: bool = True) -> dict:
     """Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir.
     `jobs` > 1 runs that many (variant, seed) at a time in worker processes that share this process's torch threads."""
     table = VARIANTS if table is None else table
@@ -562,7 +657,8 @@ def run_ablation(variants, steps: int, seeds, out_dir, n_eval_prompts: int, max_
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     t0, targets = time.perf_counter(), _Targets()
     tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
-                          prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, drafter=table[n].drafter)
+                          prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, drafter=table[n].drafter,
+                          keep_drafts=keep_drafts)
              for n in variants for s in seeds}
     done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
     for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")

@@ -207,8 +207,9 @@ class DominoTrainer(DFlashTrainer):
     eval_metrics = (*DFlashTrainer.eval_metrics, "final_loss")
 
     def lambda_base(self, step: int, total_steps: int, cfg) -> float:
-        "The λ curriculum (notebook 04) with the training config's `lambda_base_start` and `lambda_base_decay_ratio`."
-        return lambda_base_schedule(step, total_steps, cfg.lambda_base_start, cfg.lambda_base_decay_ratio)
+        "The λ curriculum (notebook 04) with the training config's `lambda_base_start` and `lambda_base_decay_ratio` (or `_steps`)."
+        return lambda_base_schedule(step, total_steps, cfg.lambda_base_start, cfg.lambda_base_decay_ratio,
+                                    cfg.lambda_base_decay_steps)
 
     def window_metrics(self, metrics: dict) -> dict:
         metrics["head_gain"] = metrics["accept_len"] - metrics["base_accept_len"]  # what the head adds this window

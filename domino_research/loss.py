@@ -298,10 +298,13 @@ def lambda_base_schedule(step: int,          # completed optimizer steps
                          total_steps: int,   # T: total optimizer steps of the run
                          start: float = 1.0,        # λ0 (lambda_base_start)
                          decay_ratio: float = 0.5,  # r (lambda_base_decay_ratio): λ reaches 0 after ⌊T·r⌋ steps
+                         decay_steps: int | None = None,  # lambda_base_decay_steps: λ reaches 0 after this many steps instead
                         ) -> float:
     "λ(step) = clamp(λ0·(1 − min(step / max(1, ⌊T·r⌋), 1)), 0, 1)."
     if step < 0: raise ValueError(f"lambda_base_schedule: step must be >= 0, got {step}")
     if total_steps < 0: raise ValueError(f"lambda_base_schedule: total_steps must be >= 0, got {total_steps}")
     if decay_ratio < 0: raise ValueError(f"lambda_base_schedule: lambda_base_decay_ratio must be >= 0, got {decay_ratio}")
-    horizon = max(1, math.floor(total_steps * decay_ratio))
+    if decay_steps is not None and decay_steps < 1:
+        raise ValueError(f"lambda_base_schedule: lambda_base_decay_steps must be >= 1 (or None), got {decay_steps}")
+    horizon = decay_steps if decay_steps is not None else max(1, math.floor(total_steps * decay_ratio))
     return min(max(start * (1.0 - min(step / horizon, 1.0)), 0.0), 1.0)

@@ -5,10 +5,13 @@
 # %% ../nbs/07_stats.ipynb #290bce02
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # %% auto #0
-__all__ = ['bootstrap_indices', 'seed_draw_counts', 'paired_bootstrap_ratio', 'pooled_tau_ratio', 'pooled_rate_difference']
+__all__ = ['bootstrap_indices', 'seed_draw_counts', 'paired_bootstrap_ratio', 't_cdf', 't_quantile', 'seed_t_interval',
+           'wider_interval', 'pooled_tau_ratio', 'pooled_rate_difference']
 
 # %% ../nbs/07_stats.ipynb #17ef9b30
 def bootstrap_indices(n: int, n_boot: int, seed: int = 0, groups=None) -> np.ndarray:
@@ -63,6 +66,46 @@ def paired_bootstrap_ratio(num, den, groups=None, n_boot: int = 10000, seed: int
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return dict(ratio=float(num.mean() / den.mean()), lo=float(lo), hi=float(hi), level=level, n=len(num),
                 n_seeds=num.reshape(len(num), -1).shape[1], n_boot=n_boot)
+
+# %% ../nbs/07_stats.ipynb #dcf6c79a
+def t_cdf(x: float, df: int, n: int = 4000) -> float:
+    "P(T ≤ x) for Student's t with `df` degrees of freedom: its density integrated by Simpson's rule from 0 to |x|."
+    if df < 1: raise ValueError(f"t_cdf: df must be >= 1, got {df}")
+    from math import lgamma, pi, sqrt, exp
+    c = exp(lgamma((df + 1) / 2) - lgamma(df / 2)) / sqrt(df * pi)
+    t = np.linspace(0.0, abs(x), n + 1)
+    f = c * (1 + t * t / df) ** (-(df + 1) / 2)
+    half = (t[1] - t[0]) / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return 0.5 + half if x >= 0 else 0.5 - half
+
+# %% ../nbs/07_stats.ipynb #2eb6659d
+@functools.lru_cache(maxsize=None)       # a study asks for the same few quantiles again and again
+def t_quantile(p: float, df: int) -> float:
+    "The `p` quantile of Student's t with `df` degrees of freedom (bisection on `t_cdf`)."
+    if not 0.5 <= p < 1: raise ValueError(f"t_quantile: p must be in [0.5, 1), got {p}")
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p: hi *= 2                     # bracket: df = 1 needs 636.6 for p = 0.9995
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+# %% ../nbs/07_stats.ipynb #0c498b30
+def seed_t_interval(ratios, level: float = 0.95) -> dict:
+    "Student's t interval for the mean of per-seed ratios (one ratio per training seed); needs two seeds or more."
+    r = np.asarray(list(ratios), dtype=float)
+    if len(r) < 2 or not np.isfinite(r).all():
+        raise ValueError(f"seed t interval: needs two or more finite per-seed ratios, got {r.tolist()}")
+    if not 0 < level < 1: raise ValueError(f"seed t interval: level must be in (0, 1), got {level}")
+    half = t_quantile((1 + level) / 2, len(r) - 1) * r.std(ddof=1) / np.sqrt(len(r))
+    return dict(ratio=float(r.mean()), lo=float(r.mean() - half), hi=float(r.mean() + half), level=level, n_seeds=len(r))
+
+# %% ../nbs/07_stats.ipynb #49740c71
+def wider_interval(boot: dict, seed_t: dict | None) -> dict:
+    "The bootstrap's ratio with the wider of its interval and the seed-level one (`interval` says which is quoted)."
+    use_t = seed_t is not None and seed_t["hi"] - seed_t["lo"] > boot["hi"] - boot["lo"]
+    src = seed_t if use_t else boot
+    return dict(ratio=boot["ratio"], lo=src["lo"], hi=src["hi"], interval="seed t" if use_t else "bootstrap")
 
 # %% ../nbs/07_stats.ipynb #13948e31
 def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,

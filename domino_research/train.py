@@ -115,6 +115,7 @@ class DominoTrainConfig(DFlashTrainConfig):
     pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
     lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
     lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
+    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")  # λ is 0 after this many steps
 
 # %% ../nbs/34_train.ipynb #d1d2d452
 import domino_research

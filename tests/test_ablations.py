@@ -1,5 +1,6 @@
 """The ablation notebook end to end under papermill: a tiny table (DFlash + Domino, two seeds, two steps) on the random
-target, checked for its files, the results.json schema, the table, the plots and the deleted weights."""
+target, checked for its files, the results.json schema, the table, the plots and the deleted weights (each run keeps
+only its bf16 draft)."""
 import json, math, os, subprocess, sys
 
 import yaml
@@ -54,7 +55,9 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
     md = (out / "results.md").read_text()
     rows = [l for l in md.splitlines() if l.startswith("| `")]
     assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`", "`domino` / `dflash`", "`domino` with / without head"]
-    assert all(len(l.split("|")) == 12 for l in rows[:2])           # the variant table: 10 columns
+    assert all(len(l.split("|")) == 14 for l in rows[:2])           # the variant table: 12 columns, latency's two last
+    for name, d in res["variants"].items():                         # the latency column: measured, positive
+        assert d["draft_ms"]["n"] == 2 and d["draft_ms"]["min"] > 0 and d["tau_per_draft_ms"]["min"] > 0, name
     assert f"| `domino` / `dflash` | the Domino recipe over the DFlash recipe | {c['all']['ratio']:.3f} [" in md
     (cmp,) = res["comparisons"]                                     # with an interval over the 2 prompts and both seeds
     assert (cmp["num"], cmp["den"], cmp["seeds"], cmp["n_prompts"], cmp["n_seeds"]) == ("domino", "dflash", ["0", "1"], 2, 2)
@@ -65,7 +68,9 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
         for s in (0, 1):
             run = out / "runs" / n / f"seed{s}"
             assert {"result.json", "metrics.jsonl", "config.yaml", "trained.json"} <= {q.name for q in run.iterdir()}
-    assert not list(out.rglob("*.safetensors")) and not list(out.rglob("checkpoints"))   # weights deleted
+    assert not list(out.rglob("checkpoints"))                       # weights deleted, but each run's kept bf16 draft
+    assert sorted(q.relative_to(out).as_posix() for q in out.rglob("*.safetensors")) == \
+        [f"runs/{n}/seed{s}/draft_bf16/model.safetensors" for n in ("dflash", "domino") for s in (0, 1)]
 
 
 def test_bad_variant_fails_before_training(tiny, tmp_path):
