@@ -299,7 +299,7 @@ class TrainDFlashRecipe:
 @patch
 def _claim_run_dir(self: TrainDFlashRecipe):
     "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident (notebook 17)."
-    self.lock = claim_run_dir(self.cfg, self.accelerator, self.print)
+    self.lock = claim_run_dir(self.cfg, self.accelerator, say=lambda line: self.print(line))
 
 # %% ../nbs/34_train.ipynb #c4d1a9e1
 from .regenerate import meta_path, target_fingerprint
