@@ -23,8 +23,9 @@ from .embedded import sha256_file
 from .evaluation import evaluate_draft
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
 from .target import load_target
+from .lifecycle import list_checkpoints
 from .train import (
-    RECIPES, DFlashTrainConfig, list_checkpoints, load_train_config, main, resolve_data_path, resolve_target_path)
+    RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path)
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'KEPT_DRAFT',

@@ -4,8 +4,7 @@
 
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
-import dataclasses, functools, itertools, json, math, os, pickle, random, re, shutil, socket, sys, tempfile, threading, time, warnings
-from contextlib import contextmanager, nullcontext
+import dataclasses, functools, itertools, json, math, os, re, shutil, sys, warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Optional
 
 import pyarrow.compute as pc, torch, yaml
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
@@ -26,22 +25,24 @@ from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
 from .reduce import MetricSums, reduce_values
-from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head, _decoder_layers
+from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
 from .data import ChatDataError, cached_chat_dataset, chat_cache_key, collate_chat
 from .export import describe_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
+from .memory import estimate_memory, format_memory
+from .lifecycle import (RESUME_FIX, _export_draft, _fault_point, _inside, _rng_state, _write_json, check_wandb,
+                                       claim_run_dir, draft_contract, list_checkpoints, load_resume_state, read_metrics,
+                                       restore_rng, resume_position, save_checkpoint, set_aside, settle_run_dir, trim_metrics)
+from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
+                                   no_sync, shard_draft, shard_target)
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'RECIPES',
-           'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name', 'validate_train_config', 'find_config',
-           'Yaml12Loader', 'yaml_load', 'load_train_config', 'resolve_target_path', 'resolve_data_path',
-           'draft_contract', 'check_contract', 'read_metrics', 'list_checkpoints', 'save_checkpoint',
-           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
-           'check_global_batch', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'check_wandb',
-           'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe', 'check_data_thinking', 'data_cache_dir',
-           'estimate_memory', 'format_memory', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name',
+           'validate_train_config', 'find_config', 'Yaml12Loader', 'yaml_load', 'load_train_config',
+           'resolve_target_path', 'resolve_data_path', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe',
+           'check_data_thinking', 'data_cache_dir', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
            'plot_run', 'cli']
 
 # %% ../nbs/34_train.ipynb #d37220ce
@@ -216,290 +217,6 @@ def resolve_data_path(source: Optional[str]) -> Optional[str]:
         return str(embedded_dataset_path(source.split(":", 1)[1]))
     return source
 
-CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
-                 "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len")
-
-def draft_contract(dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None) -> dict:
-    d = dflash.to_dict()
-    c = {k: d.get(k) for k in CONTRACT_KEYS}
-    if not dflash.is_domino: c = {k: v for k, v in c.items() if k not in ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len")}
-    wide = {} if intermediate_size is None else {"draft_intermediate_size": intermediate_size}   # absent: as before it existed
-    return {**c, "draft_num_hidden_layers": num_draft_layers, **wide}
-
-def check_contract(saved: dict, current: dict, where):
-    diff = {k: (saved.get(k), current.get(k)) for k in set(saved) | set(current) if saved.get(k) != current.get(k)}
-    if diff:
-        lines = ", ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise ConfigError(f"refusing to resume from {where}: the draft contract differs ({lines}). "
-                          "Resume with the checkpoint's settings or start a new run_name.")
-
-# %% ../nbs/34_train.ipynb #81293095
-def _write_json(path, obj): write_atomic(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
-
-def read_metrics(path) -> list[dict]:
-    "Rows of a `metrics.jsonl`; a line torn by a killed writer (it can only be the last) is dropped with a warning."
-    rows, lines = [], Path(path).read_bytes().decode("utf-8", errors="replace").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip(): continue
-        try: rows.append(json.loads(line))
-        except ValueError: warnings.warn(f"{path}:{n}: dropping a line that is not JSON (torn by a killed writer, or edited by hand)", stacklevel=2)
-    return rows
-
-def _export_draft(draft, out: Path, state_dict: Optional[dict] = None):
-    "Save the draft (weights: `state_dict` if given) to `out` through a temp folder: `out` is absent or complete, never half written."
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    size = lambda: _tensor_bytes(draft.state_dict() if state_dict is None else state_dict) + 2**20
-    with _written_or_removed(tmp, size, out, RESUME_FIX):
-        draft.save_pretrained(tmp, state_dict=state_dict)
-        _fault_point("export-draft")
-    if out.exists(): shutil.rmtree(out)
-    os.replace(tmp, out)
-
-def _fault_point(name):
-    "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
-    spec = os.environ.get("DOMINO_FAULT_SLEEP", "")
-    if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
-
-# %% ../nbs/34_train.ipynb #65eaa70a
-def _step_dirs(run_dir) -> list[Path]:
-    "The `step-N` folders of a run, oldest first (an interrupted save is a `.tmp-step-N` folder, never among them)."
-    ck = Path(run_dir) / "checkpoints"
-    steps = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)] if ck.is_dir() else []
-    return sorted(steps, key=lambda p: int(p.name.split("-")[1]))
-
-def list_checkpoints(run_dir) -> list[Path]:
-    "Checkpoints of a run, oldest first: the `step-N` folders that hold a `state.pt`."
-    return [p for p in _step_dirs(run_dir) if (p / "state.pt").is_file()]
-
-def _rng_state(generator: torch.Generator) -> dict:
-    return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
-            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-def _set_rng_state(s: dict, generator: torch.Generator):
-    generator.set_state(s["anchor_generator"]); torch.set_rng_state(s["torch"]); random.setstate(s["python"])
-    if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
-
-def _tensor_bytes(obj) -> int:
-    "Bytes of every tensor in `obj` (nested dicts, lists, tuples): about what saving it takes on disk."
-    if torch.is_tensor(obj): return obj.numel() * obj.element_size()
-    if isinstance(obj, dict): return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)): return sum(_tensor_bytes(v) for v in obj)
-    return 0
-
-@contextmanager
-def _written_or_removed(tmp: Path, size, target: Path, fix: str):
-    """Around writing the temp folder `tmp`: if the write fails or is interrupted, `tmp` goes (it is no checkpoint, and
-    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed
-    (`size()`, counted only then)."""
-    try: yield
-    except BaseException as e:
-        needed = size()
-        full = is_disk_full(e, tmp.parent, needed)          # asked before the cleanup frees the space again
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full: raise no_space(target, needed, fix) from None
-        raise
-
-RESUME_FIX = "free some space there, then continue with --resume latest (any earlier checkpoint is intact)"
-
-def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state: dict, rng: list, contract: dict,
-                    config: dict, keep: int = 2, draft_state: Optional[dict] = None) -> Path:
-    """Atomically write checkpoints/step-N (temp dir + rename), then prune to the newest `keep`. `optimizer` is an
-    optimiser or its state dict; `draft_state` the draft's weights when the module holds only a shard of them."""
-    ck = Path(run_dir) / "checkpoints"; ck.mkdir(parents=True, exist_ok=True)
-    final, tmp = ck / f"step-{step}", ck / f".tmp-step-{step}"
-    for stale in ck.glob(".tmp-step-*"): shutil.rmtree(stale)        # saves a crash interrupted
-    # plain tensors, numbers, strings and tuples only: `load_checkpoint_state` reads it back with weights_only=True
-    optim = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
-    state = {"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
-    weights = lambda: draft.state_dict() if draft_state is None else draft_state     # sized only if the save fails
-    with _written_or_removed(tmp, lambda: _tensor_bytes(weights()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
-        draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
-        (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
-        _fault_point(f"checkpoint-step-{step}")
-        torch.save(state, tmp / "state.pt")
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / "files.json").write_text(json.dumps(files, indent=2))    # written last: its presence marks a complete save
-    _fault_point(f"checkpoint-written-{step}")
-    if final.exists(): shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fault_point(f"checkpoint-renamed-{step}")
-    for old in list_checkpoints(run_dir)[:-keep]: shutil.rmtree(old, ignore_errors=True)
-    return final
-
-# %% ../nbs/34_train.ipynb #e8e44b6a
-def checkpoint_damage(path) -> Optional[str]:
-    "None if checkpoint `path` has every file `files.json` lists, at its size; else what is wrong, naming the file."
-    path = Path(path)
-    if not (path / "files.json").is_file():
-        return f"{path / 'files.json'} is missing" if not (path / "state.pt").is_file() else None  # older format: no manifest
-    try: files = json.loads((path / "files.json").read_text())
-    except (ValueError, UnicodeDecodeError): return f"{path / 'files.json'} is not valid JSON"
-    if not isinstance(files, dict) or not all(isinstance(v, int) for v in files.values()):
-        return f"{path / 'files.json'} is not a list of files and sizes"
-    for name, size in files.items():
-        f = path / name
-        if not f.is_file(): return f"{f} is missing"
-        if f.stat().st_size != size: return f"{f} has {f.stat().st_size} bytes, {size} were written"
-    return None
-
-def load_checkpoint_state(path) -> dict:
-    """`state.pt` of checkpoint `path`, to the CPU, refusing anything that is not plain data (nothing in it is executed).
-    Memory-mapped: a tensor is read from disk only when used, so a rank holds what it takes (its own RNG state, the
-    optimiser state as it is copied to its device), not a second copy of the whole file in host RAM."""
-    f = Path(path) / "state.pt"
-    try: return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
-        raise ConfigError(f"resume: refusing {f}: it holds objects that are not plain tensors or numbers, and loading "
-                          f"them could run code ({str(e).splitlines()[0][:160]}). Resume from a checkpoint you trust.") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise ConfigError(f"resume: {f} is damaged ({str(e).splitlines()[0][:160]}); resume from another checkpoint") from None
-
-def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
-    "The checkpoint `resume` names: `latest` = the newest intact one of `run_dir` (None if none), else a checkpoint dir."
-    if resume != "latest":
-        path = Path(resume)
-        if not (path / "state.pt").is_file():
-            raise ConfigError(f"resume: {path} is not a checkpoint (no state.pt); pass a checkpoints/step-N folder or 'latest'")
-        if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
-        return path
-    for path in reversed(_step_dirs(run_dir)):       # also those a file is missing from: they are named, not passed over
-        if not (damage := checkpoint_damage(path)) and (path / "state.pt").is_file(): return path
-        damage = damage or f"{path / 'state.pt'} is missing"
-        warnings.warn(f"skipping damaged checkpoint {path.name}: {damage}; falling back to an older one", stacklevel=2)
-    return None
-
-RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
-                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
-                  "decode_max_new_tokens", "decode_prompts", "shard_target", "shard_draft")   # sharding: how, not what, is trained
-
-def check_resumed_config(path, cfg: DFlashTrainConfig, loop: Optional[dict] = None, world_size: int = 1):
-    """Refuse to resume checkpoint `path` with training settings other than its own (only `RESUMABLE_KEYS` may change),
-    or with another global batch; `grad_accumulation_steps` may change with the number of processes (`loop` is the
-    checkpoint's loop state, `world_size` this run's) as long as the global batch stays the same."""
-    saved_file = Path(path) / "config.json"
-    if not saved_file.is_file():
-        warnings.warn(f"{path} has no config.json (an older checkpoint): cannot check that this run's settings match it", stacklevel=2)
-        return
-    now = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    defaults = json.loads(json.dumps(dataclasses.asdict(type(cfg)())))      # a key added since the checkpoint: its default
-    saved = {**defaults, **json.loads(saved_file.read_text())}
-    diff = sorted(k for k in saved.keys() | now.keys()
-                  if k not in (*RESUMABLE_KEYS, "grad_accumulation_steps") and saved.get(k) != now.get(k))
-    if diff:
-        pairs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in diff)
-        raise ConfigError(f"resume: {path} was trained with other settings ({pairs}); a resumed run continues the same "
-                          f"training, so resume with the checkpoint's values (in {saved_file}) or start a new run_name")
-    check_global_batch(path, saved["micro_batch_size"], saved["grad_accumulation_steps"], (loop or {}).get("world_size", world_size),
-                       cfg.grad_accumulation_steps, world_size)
-
-def check_global_batch(path, micro_batch_size: int, saved_accumulation: int, saved_world: int, accumulation: int, world: int):
-    "The samples per optimiser step fix the steps per epoch and the LR schedule: a resume must keep them, on any number of processes."
-    saved, now = micro_batch_size * saved_accumulation * saved_world, micro_batch_size * accumulation * world
-    if saved == now: return
-    per_step = micro_batch_size * world
-    fix = (f"set grad_accumulation_steps: {saved // per_step} to keep it" if saved % per_step == 0 else
-           f"no grad_accumulation_steps keeps it on {world} processes: resume on a number of processes that divides {saved // micro_batch_size}")
-    raise ConfigError(f"resume: {path} was trained with {saved} samples per optimiser step (micro_batch_size {micro_batch_size} × "
-                      f"grad_accumulation_steps {saved_accumulation} × {saved_world} processes), this run would take {now} "
-                      f"(grad_accumulation_steps {accumulation} × {world} processes); {fix}")
-
-# %% ../nbs/34_train.ipynb #00634ea2
-class RunLock:
-    "Exclusive lock on a run name (`<output_dir>/.<run_name>.lock`), held until `release()` or the end of the process."
-    def __init__(self, output_dir, run_name):
-        self.run_dir, self.path, self.file = Path(output_dir) / run_name, Path(output_dir) / f".{run_name}.lock", None
-
-    def acquire(self) -> "RunLock":
-        import fcntl
-        f = open(self.path, "a+")
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0); holder = f.read().strip() or "another process"; f.close()
-            raise ConfigError(f"run_name: {self.run_dir} is in use by {holder}; "
-                              "wait for that run to end, or choose another run_name") from None
-        except OSError as e:     # a filesystem without locks: say so once, and go on unlocked
-            warnings.warn(f"cannot lock {self.path} ({e.strerror}); a second run on this name would not be detected", stacklevel=2)
-        f.seek(0); f.truncate(); f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        f.flush(); self.file = f
-        return self
-
-    def release(self):
-        if self.file is not None: self.file.close(); self.file = None    # closing the file drops the flock
-
-def replaced_dir(run_dir) -> Path:
-    "Where `overwrite` keeps the old run until the new one has saved."
-    run_dir = Path(run_dir); return run_dir.parent / f".{run_dir.name}.replaced"
-
-def set_aside(run_dir) -> Optional[Path]:
-    "Move an existing, non-empty run out of the way of a new one; returns where it went (None if there was nothing)."
-    run_dir, old = Path(run_dir), replaced_dir(run_dir)
-    if not (run_dir.is_dir() and any(run_dir.iterdir())): return None
-    os.replace(run_dir, old)
-    return old
-
-def settle_run_dir(run_dir) -> str:
-    "Finish what an interrupted overwrite left: restore the old run if the new one never saved, else delete it."
-    run_dir, old = Path(run_dir), replaced_dir(run_dir)
-    if not old.exists(): return "clean"
-    if list_checkpoints(run_dir):                 # the replacement saved: the old run is no longer needed
-        old.unlink() if old.is_symlink() else shutil.rmtree(old)   # a link goes, never what it points to
-        return "replaced"
-    shutil.rmtree(run_dir, ignore_errors=True)    # the replacement's own partial output (no checkpoint)
-    os.replace(old, run_dir)
-    return "restored"
-
-def _inside(path, run_dir) -> bool:
-    "Whether checkpoint `path` (a `resume` value) lies in `run_dir` (`latest` always does)."
-    if path is None: return False
-    return path == "latest" or Path(run_dir).resolve() in Path(path).resolve().parents
-
-_RUN_FILES = {"config.yaml", "metrics.jsonl", "checkpoints", "plots"}   # what a run writes before its first checkpoint
-
-def check_reuse(run_dir, cfg):
-    "Refuse every way an existing folder could be written over without `overwrite`, or one that is not a run with it."
-    run_dir = Path(run_dir)
-    if not (run_dir.is_dir() and any(run_dir.iterdir())): return
-    if cfg.overwrite:
-        if run_dir.is_symlink():
-            raise ConfigError(f"run_name: {run_dir} is a symbolic link; overwrite replaces run folders only: choose another run_name")
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"run_name: {run_dir} is not a training run (no config.yaml), and overwrite replaces runs only; "
-                              "choose another run_name or output_dir")
-        return
-    again = "pass overwrite=true to replace it (the old run is kept until the new one has saved), or choose another run_name"
-    if cfg.resume is None:
-        raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, {again}")
-    if not _inside(cfg.resume, run_dir):
-        raise ConfigError(f"resume: {cfg.resume} is another run's checkpoint and {run_dir} already exists: a resumed fork "
-                          f"needs its own run folder; {again}")
-    if cfg.resume == "latest" and not list_checkpoints(run_dir):     # nothing to resume: only a run's own start may restart
-        extra = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_FILES and not p.name.startswith("."))
-        damaged = [p.name for p in _step_dirs(run_dir)]
-        if extra or damaged:
-            what = f"its checkpoints {damaged} are damaged" if damaged else f"it holds {extra} and no checkpoint"
-            raise ConfigError(f"resume: {run_dir} has nothing to resume from ({what}); starting it again would write over "
-                              f"it: {again}")
-
-# %% ../nbs/34_train.ipynb #f7a3c25d
-def check_wandb(timeout: float = 30.0):
-    "Fail fast, in one line, if Weights & Biases cannot log: no package, no credentials, rejected ones, no server."
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"): return
-    fix = "or set WANDB_MODE=offline to log locally (`wandb sync` later), or drop wandb_project"
-    try: import wandb
-    except ImportError: raise ConfigError(f"wandb_project: the wandb package is not installed; pip install wandb, {fix}") from None
-    out = {}
-    def login():
-        try: out["ok"] = wandb.login(prompt=False, verify=True)
-        except Exception as e: out["error"] = e
-    t = threading.Thread(target=login, daemon=True); t.start(); t.join(timeout)
-    if t.is_alive(): raise ConfigError(f"wandb_project: could not reach the W&B server within {timeout:.0f} s to check the credentials; {fix}")
-    if "error" in out:
-        why = (str(out["error"]).strip().splitlines() or [type(out["error"]).__name__])[0][:200]
-        raise ConfigError(f"wandb_project: W&B could not confirm the credentials ({why}); set a valid WANDB_API_KEY or run `wandb login`, {fix}")
-    if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
-
 # %% ../nbs/34_train.ipynb #5d9bc8b0
 def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
                 start: int = 0) -> list[list[int]]:
@@ -582,22 +299,8 @@ class TrainDFlashRecipe:
 # %% ../nbs/34_train.ipynb #138aba61
 @patch
 def _claim_run_dir(self: TrainDFlashRecipe):
-    "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident."
-    cfg, run_dir, acc = self.cfg, self.cfg.run_dir, self.accelerator
-    self.lock = None
-    if acc.is_main_process:
-        try:
-            run_dir.parent.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryDirectory(dir=run_dir.parent).cleanup()   # the only reliable test (root ignores mode bits)
-        except OSError as e:
-            raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
-        self.lock = RunLock(run_dir.parent, cfg.run_name).acquire()
-        if settle_run_dir(run_dir) == "restored":
-            self.print(f"restored {run_dir}: the run that was to replace it (overwrite) stopped before it saved")
-        if run_dir.exists() and not run_dir.is_dir():
-            raise ConfigError(f"run_name: {run_dir} exists and is not a folder; choose another run_name")
-        check_reuse(run_dir, cfg)
-    acc.wait_for_everyone()                           # every rank reads the run directory only once it is settled
+    "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident (notebook 17)."
+    self.lock = claim_run_dir(self.cfg, self.accelerator, say=lambda line: self.print(line))
 
 # %% ../nbs/34_train.ipynb #c4d1a9e1
 from .regenerate import meta_path, target_fingerprint
@@ -624,47 +327,8 @@ def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
 
 @patch
 def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    """The checkpoint to resume, the same on every rank: rank 0 chooses it (in its view of `output_dir`) and sends its
-    name; each rank reads it; a rank that cannot stops every rank, in one line naming it (never a rank at step 0)."""
-    cfg, acc = self.cfg, self.accelerator
-    if cfg.resume is None: return None
-    choice = [self._choose_checkpoint() if acc.is_main_process else None]
-    if acc.num_processes > 1: broadcast_object_list(choice, from_process=0)
-    error, where = choice[0]
-    if error: raise ConfigError(error)                 # rank 0's refusal, on every rank
-    if where is None: return None                      # `latest` with nothing saved yet: a fresh start under this name
-    path = cfg.run_dir / where if not Path(where).is_absolute() and cfg.resume == "latest" else Path(where)
-    try: state, error = self._read_checkpoint(path), None
-    except ConfigError as e: state, error = None, str(e)
-    errors = gather_object([error]) if acc.num_processes > 1 else [error]
-    if errors[0]: raise ConfigError(errors[0])         # rank 0 refused it: every rank did, or would, with that reason
-    for rank, e in enumerate(errors):
-        if e: raise ConfigError(f"resume: rank {rank} cannot read the checkpoint rank 0 resumes ({where}): {e}. Every "
-                                "rank must see the same output_dir: put it on a filesystem all nodes share")
-    return {"path": path, **state}
-
-@patch
-def _choose_checkpoint(self: TrainDFlashRecipe) -> tuple[Optional[str], Optional[str]]:
-    "(refusal, checkpoint): `latest` as a path inside the run folder, so each rank finds it in its own view of output_dir."
-    cfg = self.cfg
-    try:
-        path = resume_checkpoint(cfg.run_dir, cfg.resume)
-        if path is None and _step_dirs(cfg.run_dir):   # every checkpoint damaged: never a silent restart over them
-            raise ConfigError(f"resume: every checkpoint of {cfg.run_dir} is damaged (the warnings above name the files); "
-                              "resume from a copy you trust (resume=<run>/checkpoints/step-N), or overwrite=true to start again")
-    except ConfigError as e: return str(e), None
-    if path is None: return None, None
-    return None, str(path.relative_to(cfg.run_dir) if cfg.resume == "latest" else path)
-
-@patch
-def _read_checkpoint(self: TrainDFlashRecipe, path: Path) -> dict:
-    "Check the checkpoint at `path` against this run (contract, settings, batch) and map its state."
-    if not (path / "state.pt").is_file(): raise ConfigError(f"{path / 'state.pt'} does not exist here")
-    if (damage := checkpoint_damage(path)): raise ConfigError(f"resume: checkpoint {path} is damaged: {damage}")
-    check_contract(json.loads((path / "contract.json").read_text()), self.contract, path)
-    state = load_checkpoint_state(path)
-    check_resumed_config(path, self.cfg, state["loop"], self.accelerator.num_processes)
-    return state
+    "The checkpoint to resume, the same on every rank, checked against this run's contract and settings (notebook 17)."
+    return load_resume_state(self.cfg, self.accelerator, self.contract)
 
 def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
     "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
@@ -727,16 +391,7 @@ def _pack_datasets(self: TrainDFlashRecipe):
 def _load_target(self: TrainDFlashRecipe):
     target = load_target(self.target_path, device=self.accelerator.device)
     self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; whole weights, before sharding
-    if self._sharded_target():
-        # FSDP2: one unit per decoder layer, under one root over the decoder. A root keeps its parameters gathered after
-        # its forward (they are needed again at once in backward), so a layer that were its own root would stay whole;
-        # under the decoder's root each layer is gathered for its own forward and freed right after. Everything else of
-        # the decoder (the embedding, which the draft reads directly, the final norm) is `ignored_params`: whole on every
-        # rank, never a DTensor. The LM head lies outside the decoder and stays whole too.
-        from torch.distributed.fsdp import fully_shard
-        decoder, layers = target.get_decoder(), _decoder_layers(target)
-        for layer in layers: fully_shard(layer, reshard_after_forward=True)
-        fully_shard(decoder, ignored_params=set(decoder.parameters()) - set(layers.parameters()))
+    if self._sharded_target(): shard_target(target)   # FSDP2 over its decoder layers (notebook 18)
     return target
 
 @patch
@@ -783,119 +438,27 @@ def _sharded_draft(self: TrainDFlashRecipe) -> bool:
     return self.cfg.shard_draft and self.accelerator.num_processes > 1
 
 @patch
-def _check_sharding(self: TrainDFlashRecipe):
-    "Refuse `shard_draft` under a launch whose accelerate config wraps the model itself; say so when it shards nothing."
-    cfg, acc = self.cfg, self.accelerator
-    if not cfg.shard_draft: return
-    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
-        raise ConfigError(f"shard_draft: this run was launched with accelerate's {acc.distributed_type.value} config, which "
-                          "wraps the draft itself; launch with a plain multi-GPU config (or torchrun), or drop shard_draft")
-    if acc.num_processes == 1:
-        warnings.warn("shard_draft: one process shards nothing; the draft trains whole on it", stacklevel=2)
+def _check_sharding(self: TrainDFlashRecipe): check_sharding(self.cfg.shard_draft, self.accelerator)
 
 @patch
-def _shard_draft(self: TrainDFlashRecipe):
-    "FSDP2 over the trainer module: one unit per draft decoder layer, the draft's other parameters in the root's unit."
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    bf16 = self.accelerator.mixed_precision == "bf16"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for layer in self.draft.layers: fully_shard(layer, mp_policy=mp)
-    fully_shard(self.trainer, mp_policy=mp)
-    # under autocast as well, like accelerate's DDP model: ops autocast keeps in fp32 (softmax, losses) stay in fp32
-    if bf16: self.trainer.forward = self.accelerator.autocast()(self.trainer.forward)
+def _shard_draft(self: TrainDFlashRecipe): shard_draft(self.trainer, self.draft.layers, self.accelerator)
 
 @patch
-def _no_sync(self: TrainDFlashRecipe, skip: bool):
-    "No gradient reduction in a micro-batch that does not close its window (`skip`): DDP's `no_sync`, FSDP2's flag."
-    if not skip: return nullcontext()
-    return _fsdp_no_sync(self.trainer) if self._sharded_draft() else self.accelerator.no_sync(self.trainer)
-
-@contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)        # gradients accumulate unsharded until the closing micro-batch
-    try: yield
-    finally: model.set_requires_gradient_sync(True)
+def _no_sync(self: TrainDFlashRecipe, skip: bool): return no_sync(self.trainer, self.accelerator, self._sharded_draft(), skip)
 
 @patch
 def _clip_grad_norm(self: TrainDFlashRecipe) -> torch.Tensor:
-    "Clip to `max_grad_norm`; the norm is the whole draft's on every rank (a sharded draft's gradients are DTensors)."
-    if not self._sharded_draft(): return self.accelerator.clip_grad_norm_(self.trainer.parameters(), self.cfg.max_grad_norm)
-    norm = torch.nn.utils.clip_grad_norm_(self.trainer.parameters(), self.cfg.max_grad_norm)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-def _state_dict_options(**kw):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(full_state_dict=True, **kw)
-
-@patch
-def _param_names(self: TrainDFlashRecipe) -> list[str]:
-    "The trainer's parameter names in the optimiser's order: an unsharded `optimizer.state_dict()` numbers them so."
-    name = {id(p): n for n, p in self.trainer.named_parameters()}
-    return [name[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+    return clip_grad_norm(self.trainer, self.accelerator, self.cfg.max_grad_norm, self._sharded_draft())
 
 @patch
 def _full_draft_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    "A sharded draft's weights, gathered whole to rank 0's CPU (collective: every rank calls it; None elsewhere and unsharded)."
-    if not self._sharded_draft(): return None
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    state = get_model_state_dict(self.trainer, options=_state_dict_options(cpu_offload=True))
-    return {k.removeprefix("draft."): v for k, v in state.items()} if self.accelerator.is_main_process else None
-
-@patch
-def _full_optimizer_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    "A sharded draft's AdamW state, gathered to rank 0's CPU in the layout of an unsharded `optimizer.state_dict()` (collective)."
-    if not self._sharded_draft(): return None
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    state = get_optimizer_state_dict(self.trainer, self.optimizer, options=_state_dict_options(cpu_offload=True))
-    if not self.accelerator.is_main_process: return None
-    index = {n: i for i, n in enumerate(self._param_names())}
-    return {"state": {index[n]: s for n, s in state["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
-
-@patch
-def _load_optimizer_state(self: TrainDFlashRecipe, state: dict):
-    "Load an (unsharded-layout) optimiser state; a sharded draft's: rank 0's copy, sharded and broadcast to every rank."
-    if not self._sharded_draft(): return self.optimizer.load_state_dict(state)
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-    names = self._param_names()
-    by_name = {"state": {names[i]: s for i, s in state["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(self.trainer, self.optimizer, by_name if self.accelerator.is_main_process else {},
-                             options=_state_dict_options(broadcast_from_rank0=True))
+    return full_draft_state(self.trainer, self.accelerator.is_main_process, self._sharded_draft())
 
 def _idle_blocks(batch: dict) -> dict:
     "`batch` with one block at position 0 per row, unpacked: what a rank with no block of its own feeds a collective forward."
     ids = batch["input_ids"]
     return {**{k: v for k, v in batch.items() if k != "position_ids"},
             "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
-
-# %% ../nbs/34_train.ipynb #966bf1f3
-from .memory import estimate_step_memory
-
-def _local_bytes(params) -> int:
-    "Bytes this rank holds of `params` (a sharded DTensor: its local shard)."
-    return sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in params)
-
-def estimate_memory(recipe) -> dict:
-    """GiB per rank of one training step of a CUDA bf16 run, from the sizes: notebook 16's formula, which a test holds
-    within 15 % of the step measured on fake tensors (`python -m domino_research.bench memory` measures it)."""
-    cfg, acc, draft, dfl = recipe.cfg, recipe.accelerator, recipe.draft, recipe.dflash
-    ddp = getattr(acc, "ddp_handler", None)              # DDP's buckets are the gradients themselves with this flag
-    e = estimate_step_memory(
-        _local_bytes(recipe.target.parameters()), sum(p.numel() for p in draft.parameters() if p.requires_grad),
-        sum(p.numel() for p in draft.layers[0].parameters()), hidden=draft.config.hidden_size,
-        intermediate=draft.config.intermediate_size, gru_hidden=dfl.gru_hidden_dim if dfl.is_domino else 0,
-        num_draft_layers=len(draft.layers), num_target_features=len(dfl.target_layer_ids),
-        world_size=acc.num_processes, shard_draft=bool(getattr(cfg, "shard_draft", False)),
-        gradient_checkpointing=cfg.gradient_checkpointing, micro_batch_size=cfg.micro_batch_size,
-        seq_length=cfg.seq_length, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
-        gradient_as_bucket_view=bool(getattr(ddp, "gradient_as_bucket_view", False)))
-    GiB = 2 ** 30
-    return {k: e[k] / GiB for k in ("target", "draft", "activations", "ddp_buckets", "total")}
-
-def format_memory(m: dict) -> str:
-    return ("memory per rank (estimate; `bench memory` measures it): "
-            + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total") + f"; peak ≈ {m['total']:.2f} GiB")
 
 # %% ../nbs/34_train.ipynb #953e54f4
 @patch
@@ -1189,32 +752,31 @@ def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
 # %% ../nbs/34_train.ipynb #cd4f8b16
 @patch
 def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
-    acc = self.accelerator
+    acc, sharded = self.accelerator, self._sharded_draft()
     if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
     rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
-    draft_state, optim_state = self._full_draft_state(), self._full_optimizer_state()   # collective when sharded
+    draft_state = self._full_draft_state()               # collective when sharded, like the optimiser's
+    optim_state = full_optimizer_state(self.trainer, self.optimizer, acc.is_main_process, sharded)
     if acc.is_main_process:
         loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
                 "grad_accumulation_steps": self.cfg.grad_accumulation_steps}
         save_checkpoint(run_dir, step, self._bare_trainer().draft, optim_state or self.optimizer, self.scheduler, loop,
                         rng, self.contract, dataclasses.asdict(self.cfg), self.cfg.keep_checkpoints, draft_state=draft_state)
-        if self.replaced is not None: settle_run_dir(run_dir); self.replaced = None   # the old run may go now
+        if self.replaced is not None:                 # the new run has saved: the old run may go now
+            settle_run_dir(run_dir)
+            self.replaced = None
     self.saved_step = step
     acc.wait_for_everyone()
 
 @patch
 def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     s, acc, loop = self.resume_state, self.accelerator, self.resume_state["loop"]
-    # older checkpoints counted micro-batches per rank: the same place in the epoch's order
-    position = loop["position"] if "position" in loop else loop["offset"] * self.cfg.micro_batch_size * loop["world_size"]
-    self._load_optimizer_state(s["optimizer"]); self.scheduler.load_state_dict(s["scheduler"])
-    rank, saved_world = acc.process_index, loop["world_size"]
-    if rank < saved_world: _set_rng_state(s["rng"][rank], self.generator)   # a rank the checkpoint had: its own streams
-    else: _set_rng_state({**s["rng"][0], "anchor_generator": self.generator.get_state()}, self.generator)   # a new rank: its fresh anchor stream
-    step = self.saved_step = s["loop"]["step"]
-    if acc.is_main_process and metrics_file.exists():   # drop rows of steps that will be redone, and the final row: the
-        rows = [r for r in read_metrics(metrics_file) if r.get("step", 0) <= step and not r.get("final")]   # end writes it again
-        write_atomic(metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
+    load_optimizer_state(self.trainer, self.optimizer, s["optimizer"], acc.is_main_process, self._sharded_draft())
+    self.scheduler.load_state_dict(s["scheduler"])
+    restore_rng(s["rng"], acc.process_index, self.generator)   # each rank its own streams; a new rank a fresh anchor stream
+    step = self.saved_step = loop["step"]
+    if acc.is_main_process: trim_metrics(metrics_file, step)   # rows of steps that will be redone, and the final row
+    position, saved_world = resume_position(loop, self.cfg.micro_batch_size), loop["world_size"]
     moved = f" on {acc.num_processes} processes (it had {saved_world})" if saved_world != acc.num_processes else ""
     self.print(f"resumed from {s['path']} at step {step}{moved}, sample {position} of epoch {loop['epoch']}")
     self.resume_state = {"path": s["path"], "loop": loop}   # the optimiser state is loaded: let it go

@@ -197,7 +197,7 @@ def test_command_line_numbers_and_blame(tiny, tmp_path):
 def _check_intact(run):
     "After a kill: every checkpoint the run lists is complete and loads; an exported draft, if any, is complete."
     from safetensors.torch import load_file
-    from domino_research.train import list_checkpoints, checkpoint_damage, load_checkpoint_state
+    from domino_research.lifecycle import list_checkpoints, checkpoint_damage, load_checkpoint_state
     for ck in list_checkpoints(run):
         assert checkpoint_damage(ck) is None, checkpoint_damage(ck)
         load_checkpoint_state(ck); load_file(ck / "draft" / "model.safetensors")
@@ -209,7 +209,7 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
     each followed by `--resume latest`: no checkpoint is ever left damaged, and the final draft is bitwise equal to an
     uninterrupted run's."""
     import random
-    from domino_research.train import list_checkpoints
+    from domino_research.lifecycle import list_checkpoints
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 12, "keep_checkpoints": 2,
             "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}   # 6 steps per epoch: crosses an epoch
     cfg = write_config(tmp_path / "c.yaml", base)
@@ -382,23 +382,23 @@ def test_ctrl_c_during_save_and_export_is_one_line_and_resumes(tiny, tmp_path, c
     saying where it stopped and to continue with `--resume latest`, and no temp folder left. The run then finishes,
     and resuming the finished run again adds no second final row to metrics.jsonl."""
     import signal
-    import domino_research.train as T
+    import domino_research.lifecycle as L, domino_research.train as T
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "int",
                                              "max_steps": 2, "save_every_steps": 1})
-    run, real = tmp_path / "runs" / "int", T._fault_point
+    run, real = tmp_path / "runs" / "int", L._fault_point      # checkpoints and the export are the lifecycle's
     def ctrl_c_at(point): return lambda name: signal.raise_signal(signal.SIGINT) if name == point else None
-    monkeypatch.setattr(T, "_fault_point", ctrl_c_at("checkpoint-step-2"))
+    monkeypatch.setattr(L, "_fault_point", ctrl_c_at("checkpoint-step-2"))
     code, err, lines = cli_lines(capsys, ["--config", cfg])
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "interrupted while saving checkpoint step-2" in lines[0] and str(run / "checkpoints" / "step-1") in lines[0]
     assert "--resume latest" in lines[0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]   # the half-written step-2 is gone
-    monkeypatch.setattr(T, "_fault_point", ctrl_c_at("export-draft"))
+    monkeypatch.setattr(L, "_fault_point", ctrl_c_at("export-draft"))
     code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "interrupted while exporting the draft" in lines[0] and "step-2" in lines[0] and "--resume latest" in lines[0]
     assert not (run / ".draft.tmp").exists() and not (run / "draft").exists()
-    monkeypatch.setattr(T, "_fault_point", real)
+    monkeypatch.setattr(L, "_fault_point", real)
     for _ in range(2):                                            # stopped during export, then finished: resume both
         assert T.main(cfg, resume="latest")["step"] == 2
         rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]

@@ -161,7 +161,7 @@ def test_kill_during_checkpoint_save_keeps_previous(tiny, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for(lambda: (ck / ".tmp-step-2" / "contract.json").exists(), proc)
     proc.send_signal(signal.SIGKILL); proc.wait()
-    from domino_research.train import list_checkpoints
+    from domino_research.lifecycle import list_checkpoints
     assert [p.name for p in list_checkpoints(tmp_path / "runs" / "crash")] == ["step-1"]
     p = train_cli(cfg, "--resume", "latest")           # resumes from step-1, ignoring the partial save
     assert p.returncode == 0, p.stderr[-4000:]
@@ -176,7 +176,7 @@ def test_nonfinite_loss_stops_without_checkpoint(tiny, tmp_path):
     p = train_cli(cfg)
     assert p.returncode != 0
     assert "non-finite loss" in p.stderr and "optimiser step" in p.stderr, p.stderr[-2000:]
-    from domino_research.train import list_checkpoints
+    from domino_research.lifecycle import list_checkpoints
     for ck in list_checkpoints(tmp_path / "runs" / "nan"):
         for t in load_file(ck / "draft" / "model.safetensors").values(): assert torch.isfinite(t).all()
 
@@ -399,7 +399,7 @@ def test_resume_maps_state_instead_of_reading_it(tmp_path):
     "Loading a checkpoint's 128 MiB state.pt raises the peak RSS by far less than its size: it is memory-mapped."
     ck = tmp_path / "step-1"; ck.mkdir()
     torch.save({"optimizer": {"state": {0: {"exp_avg": torch.ones(32 * 2 ** 20)}}}, "loop": {"step": 1}}, ck / "state.pt")
-    probe = ("import resource, sys\nfrom domino_research.train import load_checkpoint_state\n"
+    probe = ("import resource, sys\nfrom domino_research.lifecycle import load_checkpoint_state\n"
              "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
              "before = peak(); state = load_checkpoint_state(sys.argv[1]); print(peak() - before)")
     p = subprocess.run([sys.executable, "-c", probe, str(ck)], env=ENV, capture_output=True, text=True, timeout=120)
