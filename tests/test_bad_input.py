@@ -145,8 +145,8 @@ def test_more_cli_mistakes_are_one_line(tmp_path, args, needle):
 
 
 def test_command_line_text_keys_stay_text():
-    from domino_research.train import _parse_overrides
-    _, o = _parse_overrides(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
+    from domino_research.train_config import parse_train_args
+    _, o = parse_train_args(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
                              "--learning_rate", "1e-3", "--run_name=2026-12-03"])
     assert o == {"run_name": "2026-12-03", "output_dir": "~", "eval_data": None, "max_steps": 3, "learning_rate": 1e-3}
 
@@ -182,7 +182,7 @@ def test_every_numeric_key_has_a_range_checked_when_read(tiny, tmp_path):
     "Walks every numeric field of both recipes: each declares a range, and a value just outside it, in a YAML file, is refused naming the key and the file."
     import dataclasses, typing
     from domino_research.config import ConfigError, parse_range
-    from domino_research.train import RECIPE_CONFIGS, load_train_config
+    from domino_research.train_config import RECIPE_CONFIGS, load_train_config
     checked = 0
     for cls in RECIPE_CONFIGS.values():
         hints = typing.get_type_hints(cls)
