@@ -38,7 +38,7 @@ def test_regenerate_and_bench_help_show_defaults(capsys):
     flat = " ".join(out.split())
     assert "--max_new_tokens MAX_NEW_TOKENS (default: 512)" in flat and "rows per fsync) (default: 8)" in flat, flat
     _, out, _ = _exit(capsys, bench, ["decode", "--help"])
-    assert "--max_new_tokens MAX_NEW_TOKENS (default: 256)" in " ".join(out.split())
+    assert "--max_new_tokens MAX_NEW_TOKENS (default: 128)" in " ".join(out.split())
 
 
 def test_a_flag_alone_or_with_true_false_in_two_commands():
