@@ -188,7 +188,8 @@ def _cmd_loss(a):
         print(f"{k:>18}: {r[k]}")
 
 def _parser() -> argparse.ArgumentParser:
-    p = CommandLine(prog="python -m domino_research.bench", description="domino_research benchmarks: loss, decode, data and memory")
+    p = CommandLine(prog="python -m domino_research.bench", description="domino_research benchmarks: loss, decode, data and memory",
+                    renamed={"n_prompts": "n_eval_prompts"})
     sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data,memory}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # the "Decoding" cell below
@@ -382,7 +383,7 @@ def _add_decode_parser(sub):
     p.add_argument("--prompts", default=d["prompts"], help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
                    "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)")
     p.add_argument("--prompt_split", default=d["prompt_split"], help="split of a hub dataset / folder with several (e.g. test)")
-    p.add_argument("--n_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set")
+    p.add_argument("--n_eval_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set and decoded")
     p.add_argument("--prompt_seed", type=_seed_or_none, default=d["prompt_seed"], help="seed of the prompt sample (none: first rows in file order)")
     p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
                    help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
@@ -403,7 +404,7 @@ def _cmd_decode(a):
     if a.drafter == "draft" and a.draft is None:
         print("python -m domino_research.bench decode: error: --draft DIR is required with --drafter draft "
               "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr); sys.exit(2)
-    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
+    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
                       temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts, drafter=a.drafter,

@@ -208,7 +208,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
     return None
 
 RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc", "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
-                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
+                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "n_eval_prompts", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts", "shard_target", "shard_draft")   # sharding: how, not what, is trained
 
 def check_resumed_config(path, cfg: DFlashTrainConfig, loop: Optional[dict] = None, world_size: int = 1):
@@ -388,7 +388,7 @@ class TrainDFlashRecipe:
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
         else: self._check_has_anchors()
-        if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
+        if cfg.n_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
             check_target_separates_documents(self.target, self.dflash.target_layer_ids, stop_early=not cfg.shard_target)
@@ -1082,7 +1082,7 @@ def main(config_path=None, **overrides) -> dict:
         if recipe.accelerator.is_main_process:
             recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_run(cfg.run_dir)
-            if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
+            if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
             describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
     except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
@@ -1118,7 +1118,7 @@ def _decode_eval(cfg) -> dict:
     "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."
     prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
-                         n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
+                         n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
                          enable_thinking=cfg.enable_thinking)
     _write_json(cfg.run_dir / "eval.json", res)
     plot_eval(res, cfg.run_dir / "plots")

@@ -31,8 +31,8 @@ def assert_one_line_error(r, *needles):
 
 # ------------------------------------------------------------------ bench
 @pytest.mark.parametrize("argv, needle", [
-    (["decode", "--draft", "d", "--n_prompts", "-1"], "argument --n_prompts: must be >= 1, got -1"),
-    (["decode", "--draft", "d", "--n_prompts", "0"], "argument --n_prompts: must be >= 1, got 0"),
+    (["decode", "--draft", "d", "--n_eval_prompts", "-1"], "argument --n_eval_prompts: must be >= 1, got -1"),
+    (["decode", "--draft", "d", "--n_eval_prompts", "0"], "argument --n_eval_prompts: must be >= 1, got 0"),
     (["decode", "--draft", "d", "--max_new_tokens", "0"], "argument --max_new_tokens: must be >= 1, got 0"),
     (["loss", "--chunk_size", "0"], "argument --chunk_size: must be >= 1, got 0"),
     (["loss", "--variants", "foo"], "argument --variants: unknown variant(s) foo"),
@@ -57,7 +57,7 @@ def test_bench_decode_bad_paths(tmp_path):
 
 # ------------------------------------------------------------------ training command line (data and target inputs)
 def train(tiny, tmp_path, **overrides):
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "decode_eval_prompts": 0})
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "n_eval_prompts": 0})
     args = [x for k, v in overrides.items() for x in (f"--{k}", v)]
     return run("-m", "domino_research.train", "--config", cfg, "--max_steps", 1, "--run_name", "bad", *args)
 
@@ -104,7 +104,7 @@ def papermill(nb, tmp_path, *params):
 
 
 @pytest.mark.parametrize("nb, params, needle", [
-    ("evaluate.ipynb", ("n_prompts", "two"), "parameter 'n_prompts' expects int, got 'two' (str)"),
+    ("evaluate.ipynb", ("n_eval_prompts", "two"), "parameter 'n_eval_prompts' expects int, got 'two' (str)"),
     ("evaluate.ipynb", ("max_new_tokens", "0"), "parameter 'max_new_tokens' must be >= 1, got 0"),
     ("evaluate.ipynb", ("candidate_ks", "16,x"), "parameter 'candidate_ks' must be a comma list of integers"),
     ("ablations.ipynb", ("steps", "two"), "parameter 'steps' expects int, got 'two'"),

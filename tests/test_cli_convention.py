@@ -56,8 +56,9 @@ def test_a_flag_alone_or_with_true_false_in_two_commands():
 
 @pytest.mark.parametrize("command, argv, says", [
     ("train", ["--config", "embedded_domino", "--blok_size", "4"], "unknown key --blok_size; did you mean --block_size?"),
-    ("train", ["--config", "embedded_domino", "--n_eval_prompts", "2"], "--n_eval_prompts was renamed to --decode_eval_prompts"),
+    ("train", ["--config", "embedded_domino", "--decode_eval_prompts", "2"], "--decode_eval_prompts was renamed to --n_eval_prompts"),
     ("bench", ["decode", "--max_new_token", "4"], "unknown key --max_new_token; did you mean --max_new_tokens"),
+    ("bench", ["decode", "--n_prompts", "4"], "--n_prompts was renamed to --n_eval_prompts"),
     ("regenerate", ["--out", "o.jsonl", "--enable_thinking", "maybe"], "argument --enable_thinking: expected true or false"),
 ])
 def test_unknown_renamed_or_bad_keys_are_one_line(capsys, command, argv, says):
@@ -70,7 +71,7 @@ def test_unknown_renamed_or_bad_keys_are_one_line(capsys, command, argv, says):
 
 def test_a_renamed_yaml_key_names_its_new_name(tiny, tmp_path, capsys):
     from domino_research.train import cli
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "n_eval_prompts": 2})
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "decode_eval_prompts": 2})
     line = _one_error_line(*_exit(capsys, cli, ["--config", str(cfg)])[::2])
-    assert f"{cfg}: key 'n_eval_prompts' was renamed to 'decode_eval_prompts'" in line, line
+    assert f"{cfg}: key 'decode_eval_prompts' was renamed to 'n_eval_prompts'" in line, line
     assert not (tmp_path / "runs").exists()
