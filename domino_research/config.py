@@ -171,13 +171,13 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 class DFlashConfig:
     "The `dflash_config` of a draft (notebook 31): block/mask/layer contract plus the Domino head fields."
     mask_token_id: int                          # id of the MASK token filling a block (Qwen3: 151669); must be < vocab size
-    block_size: int = 16                        # tokens per draft block (bs), >= 2
+    block_size: int = ranged(16, ">= 2", "a block is the anchor plus at least one proposal")  # tokens per draft block (bs)
     target_layer_ids: list[int] | None = None   # captured target layers, strictly increasing; None = default rule (`default_target_layer_ids`)
     shift_label: bool = False                   # False: slot k predicts x[a+k] (DFlash); True: x[a+1+k] (Domino recipe)
-    projector_type: str | None = None           # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
-    emb_dim: int = 256                          # E, rank of the correction (embed_proj hidden width)
-    gru_hidden_dim: int = 1024                  # G, width of prefix_gru
-    pure_draft_prefix_len: int = 1              # p, first corrected slot is suffix_start
+    projector_type: Literal["domino"] | None = None  # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
+    emb_dim: int = ranged(256, ">= 1")          # E, rank of the correction (embed_proj hidden width)
+    gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of prefix_gru
+    pure_draft_prefix_len: int = ranged(1, ">= 0")  # p, first corrected slot is suffix_start (< block_size)
 
     def __post_init__(self):
         if isinstance(self.target_layer_ids, tuple): self.target_layer_ids = list(self.target_layer_ids)
@@ -190,26 +190,20 @@ class DFlashConfig:
     def suffix_start(self) -> int: return self.pure_draft_prefix_len + (0 if self.shift_label else 1)
 
 # %% ../nbs/00_config.ipynb #76e16229
-_PROJECTOR_TYPES = (None, "domino")
-
 def _fail(key, value, what):
     raise ConfigError(f"dflash_config: {key}={value!r} {what}")
 
 @patch
 def validate(self: DFlashConfig, vocab_size: int | None = None, num_target_layers: int | None = None) -> DFlashConfig:
-    "Check every field (and the ranges that need `vocab_size` / `num_target_layers` when given); return self."
+    "Check each field's type and range, then what ties fields together or needs `vocab_size` / `num_target_layers`."
     hints = typing.get_type_hints(type(self))
     for f in dataclasses.fields(self): _check_value(getattr(self, f.name), hints[f.name], f.name, "dflash_config")
+    check_ranges(self, "dflash_config")
     bs, p = self.block_size, self.pure_draft_prefix_len
-    if bs < 2: _fail("block_size", bs, "must be >= 2 (a block is the anchor plus at least one proposal).")
     if self.mask_token_id < 0: _fail("mask_token_id", self.mask_token_id, "must be a token id >= 0.")
     if vocab_size is not None and self.mask_token_id >= vocab_size:
         _fail("mask_token_id", self.mask_token_id, f"is outside the vocabulary [0, {vocab_size}): "
               "pick a (reserved) token that has a row in the target's embedding table.")
-    if self.projector_type not in _PROJECTOR_TYPES:
-        _fail("projector_type", self.projector_type, 'must be null (DFlash) or "domino".')
-    if self.emb_dim <= 0: _fail("emb_dim", self.emb_dim, "must be > 0 (rank E of the correction head).")
-    if self.gru_hidden_dim <= 0: _fail("gru_hidden_dim", self.gru_hidden_dim, "must be > 0 (GRU width G).")
     if not 0 <= p < bs:
         _fail("pure_draft_prefix_len", p, f"must be in [0, block_size={bs}).")
     ids = self.target_layer_ids
