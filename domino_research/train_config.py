@@ -116,6 +116,7 @@ def check_run_name(name) -> str:
     _check(len(name.encode()) <= 200, "run_name", f"must be at most 200 bytes (got {len(name.encode())}); choose a shorter name")
     return name
 
+# %% ../nbs/09_train_config.ipynb #705a66fc
 def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     """The checks that tie several keys together; each error names its key. A single key's range or choices are its
     field's (`ranged`, `Literal`) and were checked when it was read; `check_ranges` repeats that for a config built in code."""
@@ -151,6 +152,7 @@ def find_config(name_or_path) -> Path:
 
 def shipped_configs() -> list[str]: return sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
 
+# %% ../nbs/09_train_config.ipynb #a8be5147
 class Yaml12Loader(yaml.SafeLoader):
     """PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`), and
     refusing a key written twice in one mapping (PyYAML keeps the last silently: an edit that looked applied was not)."""
@@ -171,6 +173,7 @@ Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
 
 def yaml_load(text: str): return yaml.load(text, Loader=Yaml12Loader)
 
+# %% ../nbs/09_train_config.ipynb #e0a982cc
 OVERRIDES = "overrides (command line / keyword arguments)"
 
 # a key that was renamed: its old name is refused with the new one (a silent default would hide the setting)
@@ -191,6 +194,7 @@ def read_config_file(config) -> tuple[dict, str]:
     if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
     return raw, str(path)
 
+# %% ../nbs/09_train_config.ipynb #c3f7fd18
 def recipe_config_class(raw: dict, overrides: dict, where: str = "defaults"):
     "The config class the `recipe` key picks (`dflash` when unset)."
     recipe = {**raw, **overrides}.get("recipe", "dflash")
