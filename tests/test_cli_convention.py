@@ -39,7 +39,7 @@ def test_regenerate_and_bench_help_show_defaults(capsys):
     _, out, _ = _exit(capsys, _parse_args, ["--help"])
     flat = " ".join(out.split())
     assert re.search(r"--max_new_tokens MAX_NEW_TOKENS [^-]*\(default: 512\)", flat), flat       # the function's defaults
-    assert re.search(r"--batch_size BATCH_SIZE [^-]*\(default: 8\)", flat), flat
+    assert re.search(r"--batch_size BATCH_SIZE [^(]*\(with --server: rows per fsync\) \(default: 8\)", flat), flat
     _, out, _ = _exit(capsys, bench, ["decode", "--help"])
     assert "--max_new_tokens MAX_NEW_TOKENS (default: 128)" in " ".join(out.split())
 
