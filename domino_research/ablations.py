@@ -409,6 +409,7 @@ def source_digest(source: Optional[str], **kw) -> Optional[str]:
 def _fingerprint(cfg: DFlashTrainConfig, evaluation: dict) -> dict:
     "A run's identity: config (minus where it is written), what its inputs hold, and the evaluation settings."
     c = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _WHERE_KEYS}
+    c["decode_eval_prompts"] = c.pop("n_eval_prompts")    # the key's name before its rename: earlier results stay valid
     inputs = {k: source_digest(getattr(cfg, k)) for k in ("target", "train_data", "eval_data")}
     evaluation = {**evaluation, "prompts": source_digest(evaluation["prompts"])}
     return json.loads(json.dumps({"config": c, "inputs": inputs, "evaluation": evaluation}))
@@ -493,7 +494,7 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
     # validation only at the end unless base_overrides asks for more; the rest is forced
     # one tokenised-data cache for the whole table, not one per variant (the cache key keeps different data apart)
     kw = {"eval_every_steps": None, "data_cache_dir": str(Path(out_dir) / "runs" / ".data_cache"), **overrides, "seed": seed, "max_steps": steps, "num_epochs": 1_000_000,
-          "save_every_steps": max(1, steps // 8), "keep_checkpoints": 1, "decode_eval_prompts": 0, "wandb_project": None, "resume": None,
+          "save_every_steps": max(1, steps // 8), "keep_checkpoints": 1, "n_eval_prompts": 0, "wandb_project": None, "resume": None,
           "output_dir": str(run_dir.parent), "run_name": run_dir.name, "overwrite": True}
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .config import dumps_strict, signature_defaults
+from .config import dumps_strict
+from .train_config import CommandLine, signature_defaults
 from .evaluation import decode_bench
 from .target import check_device
 from .loss import chunked_dual_ce, naive_dual_ce
@@ -128,11 +129,6 @@ def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb:
     return out
 
 # %% ../nbs/33_bench.ipynb #6c6efd13
-class _Parser(argparse.ArgumentParser):
-    "argparse with one-line usage errors (subcommand parsers inherit the class)."
-    def error(self, message):
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr); sys.exit(2)
-
 def _int_at_least(lo: int):
     "An argparse `type`: an integer >= `lo`."
     def parse(s):
@@ -159,8 +155,7 @@ _pos = _int_at_least(1)
 
 def _add_loss_parser(sub):
     d = signature_defaults(bench_loss)                                    # the defaults are the function's
-    p = sub.add_parser("loss", help="memory and time of naive vs chunked dual CE (forward + backward)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("loss", help="memory and time of naive vs chunked dual CE (forward + backward)")
     p.add_argument("--tokens", type=_pos, default=d["tokens"], help="slots T = N·bs (128 blocks of 16)")
     p.add_argument("--vocab", type=_pos, default=d["vocab"])
     p.add_argument("--hidden", type=_pos, default=d["hidden"])
@@ -172,7 +167,7 @@ def _add_loss_parser(sub):
     p.add_argument("--lambda_base", type=_fraction, default=d["lambda_base"])
     p.add_argument("--repeats", type=_pos, default=d["repeats"])
     p.add_argument("--variants", type=_variant_list, default=d["variants"], help=f"comma list from {VARIANTS}; must include naive and chunked")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_loss)
     q = sub.add_parser("_loss_variant")                                   # internal: what bench_loss runs in each subprocess
     q.add_argument("--variant", required=True, choices=VARIANTS)
@@ -193,7 +188,8 @@ def _cmd_loss(a):
         print(f"{k:>18}: {r[k]}")
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m domino_research.bench", description="domino_research benchmarks")
+    p = CommandLine(prog="python -m domino_research.bench", description="domino_research benchmarks: loss, decode, data and memory",
+                    renamed={"n_prompts": "n_eval_prompts"})
     sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data,memory}")   # internal subcommands stay unlisted
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # the "Decoding" cell below
@@ -313,15 +309,14 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
 # %% ../nbs/33_bench.ipynb #f24fd642
 def _add_data_parser(sub):
     d = signature_defaults(bench_data)                                    # the defaults are the function's
-    p = sub.add_parser("data", help="tokenised-data cache: first launch, cached relaunch, and today's in-memory path",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("data", help="tokenised-data cache: first launch, cached relaunch, and today's in-memory path")
     p.add_argument("--rows", type=_pos, default=d["rows"], help="synthetic chat rows to generate")
     p.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder ('embedded': the embedded target's)")
     p.add_argument("--num_proc", type=_pos, default=d["num_proc"], help="processes building the cache (None: min(8, CPUs))")
     p.add_argument("--legacy_rows", type=_pos, default=d["legacy_rows"], help="rows for today's path (None: all; it is slow)")
     p.add_argument("--seq_length", type=_pos, default=d["seq_length"])
     p.add_argument("--workdir", default=d["workdir"], help="where the temporary data and cache go (None: the system's temp folder)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_data)
     q = sub.add_parser("_data_step")                                      # internal: what bench_data runs in each subprocess
     q.add_argument("--mode", required=True, choices=["cached", "legacy"])
@@ -339,24 +334,16 @@ def _cmd_data(a):
 
 
 # %% ../nbs/33_bench.ipynb #a1e0c0d2
-def _bool(s):
-    "An argparse `type`: true / false."
-    v = str(s).strip().lower()
-    if v in ("true", "1", "yes"): return True
-    if v in ("false", "0", "no"): return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
 def _add_memory_parser(sub):
-    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors")
     p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
     p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
-    p.add_argument("--shard_draft", type=_bool, default=None, help="FSDP2-shard the draft (None: the config's)")
-    p.add_argument("--shard_target", type=_bool, default=None, help="FSDP2-shard the target's layers (None: the config's)")
+    p.add_flag("shard_draft", None, help="FSDP2-shard the draft (None: the config's)")
+    p.add_flag("shard_target", None, help="FSDP2-shard the target's layers (None: the config's)")
     p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
-    p.add_argument("--gradient_checkpointing", type=_bool, default=None, help="None: the config's")
-    p.add_argument("--gradient_as_bucket_view", type=_bool, default=True, help="DDP's buckets are the gradients (0 extra bytes)")
-    p.add_argument("--json", action="store_true", help="print the JSON line only")
+    p.add_flag("gradient_checkpointing", None, help="None: the config's")
+    p.add_flag("gradient_as_bucket_view", True, help="DDP's buckets are the gradients (0 extra bytes)")
+    p.add_flag("json", False, help="print the JSON line only")
     p.set_defaults(func=_cmd_memory)
 
 def _cmd_memory(a):
@@ -383,8 +370,7 @@ def _temperature(s):
 
 def _add_decode_parser(sub):
     d = signature_defaults(decode_bench)                                  # the defaults are the function's
-    p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless")
     p.add_argument("--draft", default=None, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir "
                    "(required with --drafter draft)")
     p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
@@ -397,7 +383,7 @@ def _add_decode_parser(sub):
     p.add_argument("--prompts", default=d["prompts"], help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
                    "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)")
     p.add_argument("--prompt_split", default=d["prompt_split"], help="split of a hub dataset / folder with several (e.g. test)")
-    p.add_argument("--n_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set")
+    p.add_argument("--n_eval_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set and decoded")
     p.add_argument("--prompt_seed", type=_seed_or_none, default=d["prompt_seed"], help="seed of the prompt sample (none: first rows in file order)")
     p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
                    help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
@@ -410,15 +396,15 @@ def _add_decode_parser(sub):
                    help="a prompt + max_new_tokens longer than the target's max_position_embeddings: refuse (naming it) "
                    "or truncate (keep its last tokens; counted in the result)")
     p.add_argument("--threads", type=_pos, default=d["threads"], help="torch CPU threads (None: torch's)")
-    p.add_argument("--per_prompt", action="store_true", help="include the per-prompt rows")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_flag("per_prompt", False, help="include the per-prompt rows")
+    p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_decode)
 
 def _cmd_decode(a):
     if a.drafter == "draft" and a.draft is None:
         print("python -m domino_research.bench decode: error: --draft DIR is required with --drafter draft "
               "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr); sys.exit(2)
-    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_prompts, max_new_tokens=a.max_new_tokens,
+    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
                       temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts, drafter=a.drafter,

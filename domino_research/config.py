@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import os
@@ -21,9 +20,9 @@ from typing import Any, Literal, Union
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'ranged', 'parse_range', 'in_range', 'check_ranges',
-           'default_target_layer_ids', 'DFlashConfig', 'check_params', 'signature_defaults', 'looks_local',
-           'finite_or_none', 'NoSpaceError', 'is_disk_full', 'format_bytes', 'no_space', 'write_atomic', 'dumps_strict']
+__all__ = ['DATA_SUFFIXES', 'ConfigError', 'config_from_dict', 'ranged', 'parse_range', 'in_range', 'range_phrase',
+           'check_ranges', 'default_target_layer_ids', 'DFlashConfig', 'looks_local', 'finite_or_none', 'NoSpaceError',
+           'is_disk_full', 'format_bytes', 'no_space', 'write_atomic', 'dumps_strict']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):
@@ -144,15 +143,18 @@ def in_range(value, spec: str) -> bool:
     if isinstance(value, float) and not math.isfinite(value): return False
     return (value >= lo if lo_in else value > lo) and (hi is None or (value <= hi if hi_in else value < hi))
 
+def range_phrase(spec: str, value) -> str:
+    "What a value of `value`'s type must be to lie in `spec`: `>= 1`, `in [0, 1)`, `a finite number > 0`."
+    say = spec if spec.startswith(">") else f"in {spec}"
+    return f"a finite number {say}" if isinstance(value, float) else say
+
 def check_ranges(obj, where: str = "config"):
     "`obj` (a dataclass instance), after refusing the first field whose value lies outside its `ranged` range."
     for f in dataclasses.fields(obj):
         spec, value = f.metadata.get("range"), getattr(obj, f.name)
         if spec is None or value is None or isinstance(value, bool) or in_range(value, spec): continue
-        say = spec if spec.startswith(">") else f"in {spec}"
-        if isinstance(value, float): say = f"a finite number {say.removeprefix('in ')}" if spec.startswith(">") else f"a finite number in {spec}"
         note = f", {f.metadata['range_note']}" if f.metadata.get("range_note") else ""
-        raise ConfigError(f"{f.name}: must be {say}{note} (got {value!r}); fix {f.name!r} in {where}")
+        raise ConfigError(f"{f.name}: must be {range_phrase(spec, value)}{note} (got {value!r}); fix {f.name!r} in {where}")
     return obj
 
 # %% ../nbs/00_config.ipynb #2a3f7474
@@ -169,13 +171,13 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 class DFlashConfig:
     "The `dflash_config` of a draft (notebook 31): block/mask/layer contract plus the Domino head fields."
     mask_token_id: int                          # id of the MASK token filling a block (Qwen3: 151669); must be < vocab size
-    block_size: int = 16                        # tokens per draft block (bs), >= 2
+    block_size: int = ranged(16, ">= 2", "a block is the anchor plus at least one proposal")  # tokens per draft block (bs)
     target_layer_ids: list[int] | None = None   # captured target layers, strictly increasing; None = default rule (`default_target_layer_ids`)
     shift_label: bool = False                   # False: slot k predicts x[a+k] (DFlash); True: x[a+1+k] (Domino recipe)
-    projector_type: str | None = None           # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
-    emb_dim: int = 256                          # E, rank of the correction (embed_proj hidden width)
-    gru_hidden_dim: int = 1024                  # G, width of prefix_gru
-    pure_draft_prefix_len: int = 1              # p, first corrected slot is suffix_start
+    projector_type: Literal["domino"] | None = None  # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
+    emb_dim: int = ranged(256, ">= 1")          # E, rank of the correction (embed_proj hidden width)
+    gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of prefix_gru
+    pure_draft_prefix_len: int = ranged(1, ">= 0")  # p, first corrected slot is suffix_start (< block_size)
 
     def __post_init__(self):
         if isinstance(self.target_layer_ids, tuple): self.target_layer_ids = list(self.target_layer_ids)
@@ -188,26 +190,20 @@ class DFlashConfig:
     def suffix_start(self) -> int: return self.pure_draft_prefix_len + (0 if self.shift_label else 1)
 
 # %% ../nbs/00_config.ipynb #76e16229
-_PROJECTOR_TYPES = (None, "domino")
-
 def _fail(key, value, what):
     raise ConfigError(f"dflash_config: {key}={value!r} {what}")
 
 @patch
 def validate(self: DFlashConfig, vocab_size: int | None = None, num_target_layers: int | None = None) -> DFlashConfig:
-    "Check every field (and the ranges that need `vocab_size` / `num_target_layers` when given); return self."
+    "Check each field's type and range, then what ties fields together or needs `vocab_size` / `num_target_layers`."
     hints = typing.get_type_hints(type(self))
     for f in dataclasses.fields(self): _check_value(getattr(self, f.name), hints[f.name], f.name, "dflash_config")
+    check_ranges(self, "dflash_config")
     bs, p = self.block_size, self.pure_draft_prefix_len
-    if bs < 2: _fail("block_size", bs, "must be >= 2 (a block is the anchor plus at least one proposal).")
     if self.mask_token_id < 0: _fail("mask_token_id", self.mask_token_id, "must be a token id >= 0.")
     if vocab_size is not None and self.mask_token_id >= vocab_size:
         _fail("mask_token_id", self.mask_token_id, f"is outside the vocabulary [0, {vocab_size}): "
               "pick a (reserved) token that has a row in the target's embedding table.")
-    if self.projector_type not in _PROJECTOR_TYPES:
-        _fail("projector_type", self.projector_type, 'must be null (DFlash) or "domino".')
-    if self.emb_dim <= 0: _fail("emb_dim", self.emb_dim, "must be > 0 (rank E of the correction head).")
-    if self.gru_hidden_dim <= 0: _fail("gru_hidden_dim", self.gru_hidden_dim, "must be > 0 (GRU width G).")
     if not 0 <= p < bs:
         _fail("pure_draft_prefix_len", p, f"must be in [0, block_size={bs}).")
     ids = self.target_layer_ids
@@ -242,28 +238,6 @@ def to_dict(self: DFlashConfig) -> dict:
 def from_dict(cls: DFlashConfig, d: dict, where: str = "dflash_config") -> DFlashConfig:
     "Build from a dict (e.g. `config.json['dflash_config']`): unknown/missing/mistyped keys raise `ConfigError`."
     return config_from_dict(cls, d, where)
-
-# %% ../nbs/00_config.ipynb #99d98b5e
-def check_params(ns: dict, where: str = "papermill", **types_) -> dict:
-    "Check the parameters in `ns` (a notebook's `globals()`) against the annotations of its parameters cell (or `types_`); stores and returns the checked values."
-    hints = {**ns.get("__annotations__", {}), **types_}
-    out = {}
-    for key, tp in hints.items():
-        if key not in ns: continue
-        value = ns[key]
-        if isinstance(tp, str): tp = eval(tp, dict(ns))              # a notebook with `from __future__ import annotations`
-        if value is None and tp is str: out[key] = None; continue   # `x: str = None`: not given
-        try: out[key] = _coerce(value, tp, key, where)
-        except _Mismatch:
-            raise ConfigError(f"{where}: parameter {key!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__}); "
-                              f"pass a value of that type, e.g. -p {key} <{_type_name(tp)}>") from None
-    ns.update(out)
-    return out
-
-# %% ../nbs/00_config.ipynb #46bf411e
-def signature_defaults(func) -> dict:
-    "The keyword defaults of `func`: what a command line over it uses as its own defaults."
-    return {k: p.default for k, p in inspect.signature(func).parameters.items() if p.default is not inspect.Parameter.empty}
 
 # %% ../nbs/00_config.ipynb #5cf342ed
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".gz")

@@ -29,6 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from .config import is_disk_full, looks_local
+from .train_config import CommandLine
 
 
 # %% auto #0
@@ -511,14 +512,14 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
 
 # %% ../nbs/11_data.ipynb #099919d5
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m domino_research.data", description="Chat data tools.")
+    p = CommandLine(prog="python -m domino_research.data", description="Chat data tools.")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="tokenise chat data into the cache a training run reads (before a many-process launch)")
     b.add_argument("data", help="chat JSONL / parquet file or dataset name (the run's train_data or eval_data)")
     b.add_argument("--tokenizer", required=True, help="the target's folder (the run's target): its tokenizer is used")
     b.add_argument("--seq_length", type=int, required=True, help="the run's seq_length")
     b.add_argument("--cache_dir", required=True, help="the run's data_cache_dir (default there: <output_dir>/.data_cache)")
-    b.add_argument("--enable_thinking", action="store_true", help="the run's enable_thinking")
+    b.add_flag("enable_thinking", False, help="the run's enable_thinking")
     b.add_argument("--max_samples", type=int, default=None, help="the run's max_train_samples / max_eval_samples")
     b.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
     return p

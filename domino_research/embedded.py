@@ -5,13 +5,13 @@
 # %% ../nbs/13_embedded.ipynb #e0000002
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 from pathlib import Path
 
 import domino_research
+from .train_config import CommandLine
 
 # %% auto #0
 __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MANIFEST_NAME', 'QUALITY_NAME', 'MASK',
@@ -118,7 +118,7 @@ def main(argv=None):
     if argv[:1] == ["build"]:   # the builder is its own module (notebook 14): say where, rather than import forward
         print("error: building moved to its own module: python -m domino_research.embedded_build --out DIR ...", file=sys.stderr)
         sys.exit(2)
-    ap = argparse.ArgumentParser(prog="python -m domino_research.embedded", description="Verify the embedded default.")
+    ap = CommandLine(prog="python -m domino_research.embedded", description="Verify the embedded default.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check sizes and sha256 of a build against its MANIFEST.json")
     v.add_argument("--dir", type=Path, default=EMBEDDED_DIR)

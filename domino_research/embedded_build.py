@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-from .config import signature_defaults
+from .train_config import CommandLine, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
@@ -525,7 +525,7 @@ def _stages(text: str) -> tuple[str, ...]:
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
     d = signature_defaults(build_embedded)                                # the defaults are the function's
-    b = argparse.ArgumentParser(prog="python -m domino_research.embedded_build", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    b = CommandLine(prog="python -m domino_research.embedded_build",
                                 description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')

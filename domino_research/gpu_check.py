@@ -5,7 +5,7 @@
 # %% ../nbs/35_gpu_check.ipynb #7af2009e
 from __future__ import annotations
 
-import argparse, copy, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
+import copy, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
 from contextlib import nullcontext
 from importlib.resources import files
 from pathlib import Path
@@ -15,6 +15,7 @@ import yaml
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from .config import DFlashConfig, dumps_strict
+from .train_config import CommandLine
 from .blocks import sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer
@@ -420,10 +421,10 @@ def print_budget(rows, file=sys.stderr):
 
 # %% ../nbs/35_gpu_check.ipynb #3ff08005
 def _parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m domino_research.gpu_check", description="The GPU checks; prints one JSON line.")
+    p = CommandLine(prog="python -m domino_research.gpu_check", description="The GPU checks; prints one JSON line.")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
-    p.add_argument("--cpu", action="store_true", help="run the parts that can on the CPU (tests the driver without a GPU)")
-    p.add_argument("--require_gpu", action="store_true", help="no usable GPU is a failure (exit 1), not a skip")
+    p.add_flag("cpu", False, help="run the parts that can on the CPU (tests the driver without a GPU)")
+    p.add_flag("require_gpu", False, help="no usable GPU is a failure (exit 1), not a skip")
     p.add_argument("--nbs", default=None, help="the notebooks folder (default: nbs/ of this clone)")
     a = p.parse_args(argv)
     a.parts = [s.strip() for s in a.parts.split(",") if s.strip()]

@@ -204,7 +204,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
 # %% ../nbs/17_lifecycle.ipynb #421c040d
 RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc",
                   "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
-                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "decode_eval_prompts",
+                  "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "n_eval_prompts", "decode_eval_prompts",
                   "decode_max_new_tokens", "decode_prompts", "shard_target",
                   "shard_draft")   # sharding: how, not what, is trained
 

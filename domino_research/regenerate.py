@@ -5,7 +5,6 @@
 # %% ../nbs/12_regenerate.ipynb #7547edd0
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import http.client
@@ -25,7 +24,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
-from .config import looks_local, signature_defaults, write_atomic
+from .config import looks_local, write_atomic
+from .train_config import CommandLine, signature_defaults
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids, tokenizer_fingerprint
 from .target import check_device, check_target_path, load_target
 
@@ -456,28 +456,25 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
 
 # %% ../nbs/12_regenerate.ipynb #eb69313d
 def _parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
+    p = CommandLine(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
     p.add_argument("--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --server or --merge)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target; with --server, optional: recorded in the meta)")
     p.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server serving the target, e.g. http://localhost:8000/v1")
     p.add_argument("--server_model", default=None, help="model name on the server (default: the first it lists)")
-    s = signature_defaults(OpenAIServer.__init__)
-    p.add_argument("--concurrency", type=int, default=s["concurrency"], help="requests in flight to --server (whatever --batch_size)")
-    p.add_argument("--timeout", type=float, default=s["timeout"], help="seconds to wait for one --server answer (the OpenAI client's default)")
-    p.add_argument("--retries", type=int, default=s["retries"],
-                   help="tries after the first when --server drops a connection, fails with a 5xx or cuts a reply short (waits 1, 2, 4, ... s)")
+    p.arguments_from(OpenAIServer.__init__, {                             # the defaults are the server client's
+        "concurrency": "requests in flight to --server (whatever --batch_size)",
+        "timeout": "seconds to wait for one --server answer (the OpenAI client's default)",
+        "retries": "tries after the first when --server drops a connection, fails with a 5xx or cuts a reply short (waits 1, 2, 4, ... s)"})
     p.add_argument("--data", help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
-    d = signature_defaults(regenerate)                                    # the defaults are the function's
-    p.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
-    p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed (used when temperature > 0)")
-    p.add_argument("--batch_size", type=int, default=d["batch_size"], help="rows generated together (with --server: rows per fsync)")
-    p.add_argument("--enable_thinking", action="store_true", help="let a Qwen3 target think (default: thinking off)")
+    p.arguments_from(regenerate, {                                        # the defaults are the function's
+        "max_new_tokens": "new tokens per answer at most", "temperature": "0 = greedy",
+        "seed": "sampling seed (used when temperature > 0)", "batch_size": "rows generated together (with --server: rows per fsync)",
+        "enable_thinking": "let a Qwen3 target think"})
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--shard", default=d["shard"], help="K/N: regenerate rows K, K+N, K+2N, ... only (one process or host each)")
+    p.add_argument("--shard", default=signature_defaults(regenerate)["shard"], help="K/N: regenerate rows K, K+N, K+2N, ... only (one process or host each)")
     p.add_argument("--merge", nargs="+", metavar="SHARD", help="merge the --out files of all K/N shards into --out, in row order")
     return p.parse_args(argv)
 

@@ -4,8 +4,7 @@
 
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
-import dataclasses, functools, itertools, json, math, os, re, shutil, sys, warnings
-from dataclasses import dataclass
+import dataclasses, functools, itertools, json, math, os, shutil, sys, warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -18,8 +17,8 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import (ConfigError, DFlashConfig, NoSpaceError, check_ranges, config_from_dict, dumps_strict,
-                                    is_disk_full, no_space, ranged, write_atomic)
+from .config import ConfigError, DFlashConfig, NoSpaceError, dumps_strict, is_disk_full, no_space, write_atomic
+from .train_config import DFlashTrainConfig, DominoTrainConfig, load_train_config, parse_train_args, shipped_configs
 from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
@@ -39,172 +38,9 @@ from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optim
                                    no_sync, shard_draft, shard_target)
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RECIPES', 'DFlashTrainConfig', 'DominoTrainConfig', 'check_run_name',
-           'validate_train_config', 'find_config', 'Yaml12Loader', 'yaml_load', 'load_train_config',
-           'resolve_target_path', 'resolve_data_path', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe',
+__all__ = ['RECIPES', 'resolve_target_path', 'resolve_data_path', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe',
            'check_data_thinking', 'data_cache_dir', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
            'plot_run', 'cli']
-
-# %% ../nbs/34_train.ipynb #d37220ce
-@dataclass
-class DFlashTrainConfig:
-    recipe: str = "dflash"                     # "dflash" | "domino": which recipe class runs
-    # -- target and data
-    target: str = "embedded"                   # local path or hub id of the frozen target; "embedded" = the shipped one
-    train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
-    eval_data: Optional[str] = "embedded:validation"  # None disables validation
-    enable_thinking: bool = False              # chat template thinking mode (must match evaluation)
-    seq_length: int = ranged(3072, ">= 1")  # tokens per sample after truncation
-    max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (None = all)
-    max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows
-    packing: bool = False                      # several conversations per row, kept apart (notebook 15)
-    data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
-    data_num_proc: Optional[int] = ranged(None, ">= 1", "or null for min(8, CPU count)")  # processes that tokenise a new cache (None = min(8, CPU count))
-    dataloader_num_workers: int = ranged(0, ">= 0", "0 reads batches in the training process")  # DataLoader worker processes reading and collating micro-batches
-    # -- draft
-    draft_num_hidden_layers: int = ranged(5, ">= 1")
-    draft_intermediate_size: Optional[int] = ranged(None, ">= 1", "or null for the target's")  # MLP width of each draft layer (None = the target's)
-    target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
-    block_size: int = ranged(16, ">= 2")
-    mask_token_id: Optional[int] = ranged(None, ">= 0")  # required: a reserved row of the target's embedding table
-    shift_label: bool = False                  # DFlash convention: slot k predicts x[a+k]
-    num_anchors: int = ranged(512, ">= 1")  # blocks sampled per sample
-    loss_decay_gamma: Optional[float] = ranged(7.0, "> 0", "or null for no decay")  # None = no decay over slots
-    attention_backend: str = "sdpa"            # "sdpa" | "flex_attention" (CUDA only)
-    gradient_checkpointing: bool = False       # recompute the draft layers in backward: less activation memory, more compute
-    # -- optimisation
-    micro_batch_size: int = ranged(1, ">= 1")
-    grad_accumulation_steps: int = ranged(1, ">= 1")
-    num_epochs: int = ranged(1, ">= 1")
-    max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps (None = num_epochs worth)
-    learning_rate: float = ranged(6e-4, "> 0")
-    adam_beta1: float = ranged(0.9, "[0, 1)")
-    adam_beta2: float = ranged(0.95, "[0, 1)")
-    weight_decay: float = ranged(0.0, ">= 0")
-    warmup_ratio: float = ranged(0.04, "[0, 1)")
-    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # cosine floor as a fraction of learning_rate
-    max_grad_norm: float = ranged(1.0, "> 0")
-    seed: int = ranged(0, "[0, 4294967295]")
-    # -- runtime
-    shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
-    shard_draft: bool = False                  # FSDP2-shard the draft's weights, gradients and AdamW states across ranks (else DDP replicas)
-    on_nonfinite: str = "stop"                 # "stop" | "skip" a window whose loss is NaN/inf
-    dist_timeout_minutes: float = ranged(30.0, "> 0")  # how long a rank waits in a collective for the others before failing
-    # -- validation, checkpoints, logging
-    eval_every_steps: Optional[int] = ranged(None, ">= 1", "or null for every epoch only")  # also validates at the end of every epoch
-    save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # None = only at the end
-    keep_checkpoints: int = ranged(2, ">= 1")
-    output_dir: str = "runs"
-    run_name: str = "run"
-    resume: Optional[str] = None               # "latest" or a checkpoint dir
-    overwrite: bool = False                    # allow reusing an existing run dir without resume
-    wandb_project: Optional[str] = None        # log through accelerate's wandb tracker when set
-    decode_eval_prompts: int = ranged(0, ">= 0")  # >0: speculative-decoding evaluation on that many test prompts at the end
-    decode_max_new_tokens: int = ranged(128, ">= 1")
-    decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
-
-    @property
-    def run_dir(self) -> Path: return Path(self.output_dir).expanduser() / self.run_name
-
-@dataclass
-class DominoTrainConfig(DFlashTrainConfig):
-    recipe: str = "domino"
-    num_anchors: int = ranged(256, ">= 1")
-    shift_label: bool = True                   # Domino recipe: slot k predicts x[a+1+k]
-    emb_dim: int = ranged(256, ">= 1")  # E, rank of the logit correction
-    gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of the prefix GRU
-    pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
-    lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
-    lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
-    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")  # λ is 0 after this many steps
-
-# %% ../nbs/34_train.ipynb #d1d2d452
-import domino_research
-
-CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
-
-RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
-
-def _check(ok, key, msg):
-    if not ok: raise ConfigError(f"{key}: {msg}")
-
-def check_run_name(name) -> str:
-    "A run name is one plain folder name: the run directory, and everything ever deleted in it, stays inside `output_dir`."
-    plain = isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".") \
-            and not any(c in name for c in "/\\\0")
-    _check(plain, "run_name", f"must be one plain folder name such as 'demo' (got {name!r}); put parent folders in output_dir")
-    _check(len(name.encode()) <= 200, "run_name", f"must be at most 200 bytes (got {len(name.encode())}); choose a shorter name")
-    return name
-
-def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
-    "Checks on values that need no model; each error names its key. Each number's range is its field's (`ranged`)."
-    check_ranges(cfg)                                  # also for a config built in code rather than read
-    check_run_name(cfg.run_name)
-    _check(not (cfg.overwrite and cfg.resume == "latest"), "overwrite",
-           "cannot be combined with resume=latest: resume continues the run, overwrite replaces it; pass one of them")
-    _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
-    _check(cfg.mask_token_id is not None, "mask_token_id", "is required (a reserved token id of the target, e.g. 151669 for Qwen3)")
-    _check(cfg.seq_length > cfg.block_size, "seq_length", f"must exceed block_size={cfg.block_size} (got {cfg.seq_length})")
-    _check(cfg.attention_backend in ("sdpa", "flex_attention"), "attention_backend",
-           f"must be 'sdpa' or 'flex_attention' (got {cfg.attention_backend!r})")
-    _check(cfg.attention_backend == "sdpa" or torch.cuda.is_available(), "attention_backend",
-           "flex_attention has no backward on CPU; use 'sdpa' on CPU")
-    _check(cfg.on_nonfinite in ("stop", "skip"), "on_nonfinite", f"must be 'stop' or 'skip' (got {cfg.on_nonfinite!r})")
-    _check(cfg.decode_eval_prompts == 0 or cfg.decode_prompts is not None or cfg.target == "embedded", "decode_prompts",
-           "is required when decode_eval_prompts > 0 with a target other than the embedded one (a prompts JSONL)")
-    return cfg
-
-# %% ../nbs/34_train.ipynb #b9561fb0
-def find_config(name_or_path) -> Path:
-    "A YAML path, or the name of a shipped config (`embedded_domino` → domino_research/configs/embedded_domino.yaml)."
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml"):
-        if not p.is_file(): raise ConfigError(f"config file not found: {p}")
-        return p
-    shipped = CONFIG_DIR / f"{name_or_path}.yaml"
-    if not shipped.is_file():
-        names = sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
-        raise ConfigError(f"config {name_or_path!r} is neither a .yaml file nor a shipped config {names}")
-    return shipped
-
-class Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading `1e-3` as a float as YAML 1.2 and Python do (YAML 1.1 wants `1.0e-3`), and
-    refusing a key written twice in one mapping (PyYAML keeps the last silently: an edit that looked applied was not)."""
-
-    def construct_mapping(self, node, deep=False):
-        first = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge": continue      # `<<: *base` then a key: an intended override
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            try: seen = key in first
-            except TypeError: continue                                  # an unhashable key: PyYAML's own error follows
-            if seen: raise ConfigError(f"duplicate key {key!r} on lines {first[key]} and {line}: keep one of them")
-            first[key] = line
-        return super().construct_mapping(node, deep)
-
-Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
-
-def yaml_load(text: str): return yaml.load(text, Loader=Yaml12Loader)
-
-OVERRIDES = "overrides (command line / keyword arguments)"
-
-def load_train_config(config=None, **overrides) -> DFlashTrainConfig:
-    "Read a YAML config (path or shipped name; None = defaults), apply single-key overrides, validate."
-    raw, where = {}, "defaults"
-    if config is not None:
-        path = find_config(config); where = str(path)
-        try: raw = yaml_load(path.read_text()) or {}
-        except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({e})") from None
-        except ConfigError as e: raise ConfigError(f"{path}: {e}") from None      # a duplicate key: the file, then its lines
-        if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
-    recipe = {**raw, **overrides}.get("recipe", "dflash")
-    if recipe not in RECIPE_CONFIGS:
-        raise ConfigError(f"recipe: must be one of {list(RECIPE_CONFIGS)} (got {recipe!r}) in {OVERRIDES if 'recipe' in overrides else where}")
-    cls = RECIPE_CONFIGS[recipe]
-    config_from_dict(cls, overrides, OVERRIDES)         # an override's mistake is reported as the override's, not the file's
-    cfg = config_from_dict(cls, {**raw, **overrides}, where)
-    return validate_train_config(cfg)
 
 # %% ../nbs/34_train.ipynb #0c591b55
 def resolve_target_path(target: str) -> str:
@@ -269,7 +105,7 @@ class TrainDFlashRecipe:
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
         else: self._check_has_anchors()
-        if cfg.decode_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
+        if cfg.n_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
             check_target_separates_documents(self.target, self.dflash.target_layer_ids, stop_early=not cfg.shard_target)
@@ -818,7 +654,7 @@ def main(config_path=None, **overrides) -> dict:
         if recipe.accelerator.is_main_process:
             recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_run(cfg.run_dir)
-            if cfg.decode_eval_prompts > 0: result.update(_decode_eval(cfg))
+            if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
             describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
     except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
@@ -854,7 +690,7 @@ def _decode_eval(cfg) -> dict:
     "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."
     prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
-                         n_prompts=cfg.decode_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
+                         n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
                          enable_thinking=cfg.enable_thinking)
     _write_json(cfg.run_dir / "eval.json", res)
     plot_eval(res, cfg.run_dir / "plots")
@@ -893,38 +729,13 @@ def plot_run(run_dir):
     return run_dir / "plots" / "training.png"
 
 # %% ../nbs/34_train.ipynb #12ae0391
-def _parse_overrides(argv: list[str]) -> tuple[Optional[str], dict]:
-    "`--config X --key value ...` → (X, {key: yaml-typed value}); `--key=value` works too."
-    config, out, i = None, {}, 0
-    while i < len(argv):
-        a = argv[i]
-        if not a.startswith("--"): raise ConfigError(f"command line: expected --key value, got {a!r}")
-        key, val = (a[2:].split("=", 1) + [None])[:2]
-        if val is None:
-            if i + 1 >= len(argv): raise ConfigError(f"command line: --{key} needs a value")
-            val, i = argv[i + 1], i + 1
-        i += 1
-        if key == "config": config = val
-        elif key in _STR_KEYS: out[key] = None if val == "null" else val   # text as typed: 001, 2026-12-03, ~ stay text
-        else:                                         # YAML 1.2 numbers: --learning_rate 1e-3 is a float
-            try: out[key] = yaml_load(val) if val != "" else ""
-            except (yaml.YAMLError, ConfigError) as e:
-                raise ConfigError(f"command line: --{key} {val!r} is not a valid value ({' '.join(str(e).split())})") from None
-    return config, out
-
-# keys whose values are text (names, paths): taken as typed, not read as YAML (null still means None)
-_STR_KEYS = {f.name for cls in RECIPE_CONFIGS.values() for f in dataclasses.fields(cls) if "str" in str(f.type)}
-
 def cli(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__ or "", "\nusage: python -m domino_research.train --config CONFIG.yaml|NAME [--key value ...]\n"
-              f"shipped configs: {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}"); return
+    "`python -m domino_research.train --config X --key value ...` (notebook 09 builds the command line from the config)."
+    config, overrides = parse_train_args(sys.argv[1:] if argv is None else argv)      # --help, unknown keys: exit here
     warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each, no source excerpt
     try:
-        config, overrides = _parse_overrides(argv)
         if config is None: raise ConfigError("command line: --config is required: a YAML file or one of the shipped "
-                                             f"configs {sorted(p.stem for p in CONFIG_DIR.glob('*.yaml'))}")
+                                             f"configs {shipped_configs()}")
         main(config, **overrides)
     except (ConfigError, NoValidAnchorsError, NonFiniteLossError, NoSpaceError) as e:
         print(f"error: {e}", file=sys.stderr); sys.exit(2)

@@ -31,8 +31,8 @@ def assert_one_line_error(r, *needles):
 
 # ------------------------------------------------------------------ bench
 @pytest.mark.parametrize("argv, needle", [
-    (["decode", "--draft", "d", "--n_prompts", "-1"], "argument --n_prompts: must be >= 1, got -1"),
-    (["decode", "--draft", "d", "--n_prompts", "0"], "argument --n_prompts: must be >= 1, got 0"),
+    (["decode", "--draft", "d", "--n_eval_prompts", "-1"], "argument --n_eval_prompts: must be >= 1, got -1"),
+    (["decode", "--draft", "d", "--n_eval_prompts", "0"], "argument --n_eval_prompts: must be >= 1, got 0"),
     (["decode", "--draft", "d", "--max_new_tokens", "0"], "argument --max_new_tokens: must be >= 1, got 0"),
     (["loss", "--chunk_size", "0"], "argument --chunk_size: must be >= 1, got 0"),
     (["loss", "--variants", "foo"], "argument --variants: unknown variant(s) foo"),
@@ -57,7 +57,7 @@ def test_bench_decode_bad_paths(tmp_path):
 
 # ------------------------------------------------------------------ training command line (data and target inputs)
 def train(tiny, tmp_path, **overrides):
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "decode_eval_prompts": 0})
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "n_eval_prompts": 0})
     args = [x for k, v in overrides.items() for x in (f"--{k}", v)]
     return run("-m", "domino_research.train", "--config", cfg, "--max_steps", 1, "--run_name", "bad", *args)
 
@@ -104,7 +104,7 @@ def papermill(nb, tmp_path, *params):
 
 
 @pytest.mark.parametrize("nb, params, needle", [
-    ("evaluate.ipynb", ("n_prompts", "two"), "parameter 'n_prompts' expects int, got 'two' (str)"),
+    ("evaluate.ipynb", ("n_eval_prompts", "two"), "parameter 'n_eval_prompts' expects int, got 'two' (str)"),
     ("evaluate.ipynb", ("max_new_tokens", "0"), "parameter 'max_new_tokens' must be >= 1, got 0"),
     ("evaluate.ipynb", ("candidate_ks", "16,x"), "parameter 'candidate_ks' must be a comma list of integers"),
     ("ablations.ipynb", ("steps", "two"), "parameter 'steps' expects int, got 'two'"),
@@ -145,8 +145,8 @@ def test_more_cli_mistakes_are_one_line(tmp_path, args, needle):
 
 
 def test_command_line_text_keys_stay_text():
-    from domino_research.train import _parse_overrides
-    _, o = _parse_overrides(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
+    from domino_research.train_config import parse_train_args
+    _, o = parse_train_args(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
                              "--learning_rate", "1e-3", "--run_name=2026-12-03"])
     assert o == {"run_name": "2026-12-03", "output_dir": "~", "eval_data": None, "max_steps": 3, "learning_rate": 1e-3}
 
@@ -182,7 +182,7 @@ def test_every_numeric_key_has_a_range_checked_when_read(tiny, tmp_path):
     "Walks every numeric field of both recipes: each declares a range, and a value just outside it, in a YAML file, is refused naming the key and the file."
     import dataclasses, typing
     from domino_research.config import ConfigError, parse_range
-    from domino_research.train import RECIPE_CONFIGS, load_train_config
+    from domino_research.train_config import RECIPE_CONFIGS, load_train_config
     checked = 0
     for cls in RECIPE_CONFIGS.values():
         hints = typing.get_type_hints(cls)

@@ -48,7 +48,7 @@ def toy(tmp_path_factory):
 
 def test_bench_decode_json(toy):
     r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
-               "--n_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
+               "--n_eval_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for k in ("tau", "tau_base", "per_slot_acceptance", "spec_tokens_per_s", "target_tokens_per_s", "speedup", "lossless",
@@ -65,7 +65,7 @@ def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
     from domino_research.bench import main
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
     main(["decode", "--drafter", "ngram", "--prompt_lookup_max", "2", "--num_speculative_tokens", "6", "--target",
-          str(toy / "target"), "--prompts", str(toy / "prompts.jsonl"), "--n_prompts", "2", "--max_new_tokens", "16",
+          str(toy / "target"), "--prompts", str(toy / "prompts.jsonl"), "--n_eval_prompts", "2", "--max_new_tokens", "16",
           "--per_prompt", "--json"])
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for k in ("tau", "per_slot_acceptance", "speedup", "efficiency", "lossless", "accept_hist", "profile"):
@@ -82,7 +82,7 @@ def test_bench_decode_run_dir(toy, tmp_path):
     ck.mkdir(parents=True)
     os.symlink(toy / "draft", ck / "draft")
     r = _bench("--draft", tmp_path / "run", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
-               "--n_prompts", 1, "--max_new_tokens", 4, "--json")
+               "--n_eval_prompts", 1, "--max_new_tokens", 4, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is True
 
@@ -90,7 +90,7 @@ def test_bench_decode_run_dir(toy, tmp_path):
 def test_bench_decode_prints_efficiency(toy):
     "The human-readable line carries the efficiency (speed-up / tau) too."
     r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
-               "--n_prompts", 1, "--max_new_tokens", 6)
+               "--n_eval_prompts", 1, "--max_new_tokens", 6)
     assert r.returncode == 0, r.stderr
     assert "efficiency" in r.stdout and "(speed-up / tau)" in r.stdout, r.stdout
 
@@ -129,7 +129,7 @@ def test_bench_decode_standard_prompt_sets(toy, tmp_path):
                                               for q, c, t in ((81, "writing", "a poem"), (82, "math", "2+2"), (83, "math", "3+3"))))
     runs = {}
     for name, extra in (("gsm8k.parquet", ()), ("mt.jsonl", ("--stratify_by", "category"))):
-        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", tmp_path / name, "--n_prompts", 2,
+        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", tmp_path / name, "--n_eval_prompts", 2,
                    "--max_new_tokens", 4, "--prompt_seed", 1, "--per_prompt", "--json", *extra)
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -148,7 +148,7 @@ def test_bench_decode_temperature(toy):
     "--temperature > 0 samples: tau reported, lossless null with the reason, the same figures for the same --sample_seed."
     out = []
     for _ in range(2):
-        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 2,
+        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_eval_prompts", 2,
                    "--max_new_tokens", 8, "--temperature", 0.8, "--sample_seed", 4, "--per_prompt", "--json")
         assert r.returncode == 0, r.stderr
         out.append(json.loads(r.stdout.strip().splitlines()[-1]))
@@ -156,7 +156,7 @@ def test_bench_decode_temperature(toy):
     assert res["temperature"] == 0.8 and res["lossless"] is None and "in distribution" in res["lossless_check"]
     assert 1 <= res["tau"] <= 4 and res["tau_gain_head"]["lo"] <= res["tau_gain_head"]["ratio"] <= res["tau_gain_head"]["hi"]
     assert [p["committed_spec"] for p in res["per_prompt"]] == [p["committed_spec"] for p in out[1]["per_prompt"]]
-    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_prompts", 1,
+    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_eval_prompts", 1,
                "--max_new_tokens", 4, "--temperature", 0.8)
     assert r.returncode == 0 and "lossless in distribution" in r.stdout, (r.stdout, r.stderr)
 

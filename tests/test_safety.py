@@ -310,7 +310,7 @@ def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path):
     before = snapshot(tmp_path)
     one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--overwrite", "true"), "overwrite")
     one_line_error(train_cli(trained["cfg"], "--run_name", "a" * 300), "run_name", "at most 200 bytes")
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--decode_eval_prompts", "2",
+    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--n_eval_prompts", "2",
                              "--decode_prompts", str(tmp_path / "typo.jsonl")), "decode_prompts", "typo.jsonl")
     assert snapshot(tmp_path) == before                            # the old run was not replaced by a doomed one
 

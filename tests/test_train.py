@@ -272,7 +272,7 @@ def test_papermill_train_notebook(tiny, tmp_path):
     cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(out), "--cwd", str(REPO / "nbs"),
            "-p", "config", cfg, "-p", "output_dir", str(tmp_path / "runs"), "-p", "run_name", "pm", "-p", "max_steps", "2",
            "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}",
-           "-p", "decode_eval_prompts", "0"]   # its random target has no decode prompts: no decoding
+           "-p", "n_eval_prompts", "0"]   # its random target has no decode prompts: no decoding
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     rows = [json.loads(l) for l in (tmp_path / "runs" / "pm" / "metrics.jsonl").read_text().splitlines()]
