@@ -440,7 +440,8 @@ def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows,
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]["messages"][0]["content"]))  # similar lengths batch well
         prompts = [{"messages": rows[i]["messages"][:1]} for i in order]
         tmp = dataset_path(out_dir, split).with_suffix(".partial.jsonl")
-        stats = regenerate(model, tok, prompts, tmp, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+        # a bar per split with its ETA (regenerate's own); the log line below is the split's summary
+        stats = regenerate(model, tok, prompts, tmp, max_new_tokens=max_new_tokens, batch_size=batch_size)
         answer = dict(zip(order, read_jsonl(tmp)))
         # written back in corpus order, so that a prefix (`max_train_samples`) is a mix of lengths, not the shortest prompts
         out = [{"messages": answer[i]["messages"], "module": r["module"], "name": r["name"]}
