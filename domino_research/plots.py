@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['moving_average', 'curves', 'plot_training', 'log_ticks']
+__all__ = ['moving_average', 'curves', 'log_scale', 'log_ticks', 'plot_training']
 
 # %% ../nbs/09_plots.ipynb #9a1c0006
 def moving_average(ys: list[float], k: int) -> list[float]:
@@ -33,6 +33,23 @@ def curves(rows: list[dict], keys: list[str]) -> list[tuple[str, list[int], list
         if twin is not None: out[twin] = (f"{out[twin][0]} = {k}", xs, ys)
         elif xs: out.append((k, xs, ys))
     return out
+
+# %% ../nbs/09_plots.ipynb #9a1c0018
+def log_scale(ax, axis: str = "y"):
+    "A log-scaled `axis` of `ax` labelled in plain numbers (40, 3, 0.5) at the decades and at 2, 3 and 5 times them."
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    which.set_major_formatter(lambda v, _pos: f"{v:g}")
+    which.set_minor_formatter(lambda v, _pos: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) else "")
+
+def log_ticks(ax, values, axis: str = "x"):
+    "A log-scaled `axis` of `ax` ticked at exactly `values`, labelled as plain numbers (no 4×10² minor labels)."
+    from matplotlib.ticker import FixedLocator, NullLocator
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    which.set_major_locator(FixedLocator(sorted(values)))
+    which.set_major_formatter(lambda v, _pos: f"{v:g}")
+    which.set_minor_locator(NullLocator())
 
 # %% ../nbs/09_plots.ipynb #9a1c0012
 _PANELS = [("loss (log scale)", ["loss", "final_loss", "base_loss"]), ("accuracy", ["accuracy", "base_accuracy"]),
@@ -72,21 +89,10 @@ def plot_training(rows: list[dict], path) -> Path:
     fig = Figure(figsize=(10, 7))
     axes = fig.subplots(2, 2).ravel()
     for ax, (title, keys) in zip(axes, _PANELS): _draw_metric(ax, rows, title, keys)
-    axes[0].set_yscale("log")
-    for fmt in (axes[0].yaxis.set_major_formatter, axes[0].yaxis.set_minor_formatter): fmt(lambda v, _pos: f"{v:g}")   # 40, not 4×10¹
+    log_scale(axes[0])
     _draw_schedules(axes[3], rows)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
-
-# %% ../nbs/09_plots.ipynb #9a1c0018
-def log_ticks(ax, values, axis: str = "x"):
-    "A log-scaled `axis` of `ax` ticked at exactly `values`, labelled as plain numbers (no 4×10² minor labels)."
-    from matplotlib.ticker import FixedLocator, NullLocator
-    which = ax.xaxis if axis == "x" else ax.yaxis
-    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
-    which.set_major_locator(FixedLocator(sorted(values)))
-    which.set_major_formatter(lambda v, _pos: f"{v:g}")
-    which.set_minor_locator(NullLocator())
