@@ -34,7 +34,7 @@ def curves(rows: list[dict], keys: list[str]) -> list[tuple[str, list[int], list
         elif xs: out.append((k, xs, ys))
     return out
 
-# %% ../nbs/09_plots.ipynb #9a1c0018
+# %% ../nbs/09_plots.ipynb #9a1c0021
 def log_scale(ax, axis: str = "y"):
     "A log-scaled `axis` of `ax` labelled in plain numbers (40, 3, 0.5) at the decades and at 2, 3 and 5 times them."
     which = ax.yaxis if axis == "y" else ax.xaxis
@@ -42,6 +42,8 @@ def log_scale(ax, axis: str = "y"):
     which.set_major_formatter(lambda v, _pos: f"{v:g}")
     which.set_minor_formatter(lambda v, _pos: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) else "")
 
+
+# %% ../nbs/09_plots.ipynb #9a1c0018
 def log_ticks(ax, values, axis: str = "x"):
     "A log-scaled `axis` of `ax` ticked at exactly `values`, labelled as plain numbers (no 4×10² minor labels)."
     from matplotlib.ticker import FixedLocator, NullLocator
