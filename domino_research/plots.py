@@ -60,10 +60,15 @@ _PANELS = [("loss (log scale)", ["loss", "final_loss", "base_loss"]), ("accuracy
 def _draw_metric(ax, rows: list[dict], title: str, keys: list[str]):
     "Training curves (smoothed over faint raw values) and validation markers of `keys` on one panel."
     train, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval/loss" in r]
-    color = lambda label: f"C{keys.index(label.split(' = ')[0].removeprefix('eval/'))}"   # a metric keeps its colour
-    for label, xs, ys in curves(train, keys):
+    color = lambda label: f"C{keys.index(label.split(' = ')[-1].removeprefix('eval/'))}"   # a base curve is a base curve's colour
+    drawn = curves(train, keys)
+    for label, xs, ys in drawn:
+        smooth = moving_average(ys, max(1, len(ys) // 50))
+        if label == "loss" and len(drawn) > 1:    # Domino's objective, between base and final: dashed, on top of both
+            ax.plot(xs, smooth, "k--", lw=1, zorder=3, label="loss (trained: λ·base + (1−λ)·final)")
+            continue
         ax.plot(xs, ys, color=color(label), lw=0.6, alpha=0.3)
-        ax.plot(xs, moving_average(ys, max(1, len(ys) // 50)), color=color(label), lw=1.5, label=label)
+        ax.plot(xs, smooth, color=color(label), lw=1.5, label=label)
     for label, xs, ys in curves(evals, [f"eval/{k}" for k in keys]):
         ax.plot(xs, ys, "o", color=color(label), mfc="none", ms=7, label=label)
     ax.set(title=title, xlabel="optimiser step")
