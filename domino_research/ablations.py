@@ -21,6 +21,7 @@ from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .evaluation import evaluate_draft
+from .plots import log_scale, log_ticks, moving_average
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
 from .target import load_target
 from .lifecycle import list_checkpoints
@@ -323,18 +324,34 @@ def results_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/40_ablations.ipynb #325f3696
-def _smooth(ys: list[float], k: int) -> list[float]:
-    "Trailing moving average over k points (k = 1: unchanged)."
-    out, acc = [], 0.0
-    for i, y in enumerate(ys):
-        acc += y - (ys[i - k] if i >= k else 0.0)
-        out.append(acc / min(i + 1, k))
-    return out
-
 def _train_rows(run_dir: Path) -> list[dict]:
     f = run_dir / "metrics.jsonl"
     if not f.is_file(): return []
     return [r for r in (json.loads(l) for l in f.read_text().splitlines() if l.strip()) if "loss" in r]
+
+def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -> Path:
+    """Each recipe's training loss on its own panel (DFlash's CE and Domino's λ-mixed CE are different objectives, not
+    comparable on one axis), and the quantity they share, the teacher-forced acceptance length; moving averages."""
+    from matplotlib.figure import Figure
+    recipes = list(dict.fromkeys(d["recipe"] for d in res["variants"].values()))
+    fig = Figure(figsize=(5 * (len(recipes) + 1), 4))
+    axes = dict(zip(recipes + ["accept_len"], fig.subplots(1, len(recipes) + 1)))
+    for n, d in res["variants"].items():
+        for j, (_seed, rd) in enumerate(sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))):
+            rows = _train_rows(Path(rd))
+            if not rows: continue
+            k = max(1, len(rows) // 25)
+            for ax, key in ((axes[d["recipe"]], "loss"), (axes["accept_len"], "accept_len")):
+                ax.plot([r["step"] for r in rows], moving_average([r[key] for r in rows], k), color=colors[n], lw=1,
+                        label=n if j == 0 else None)
+    for r in recipes:
+        log_scale(axes[r])
+        axes[r].set(xlabel="optimiser step", ylabel=f"{r} training loss", title=f"{r} recipe: loss")
+    axes["accept_len"].set(xlabel="optimiser step", ylabel="accept_len", title="teacher-forced acceptance length (all)")
+    for ax in axes.values(): ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
 
 def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Path]:
     "tau.png, training_curves.png (if `run_dirs` {variant: {seed: dir}} is given) and per_slot_acceptance.png in out_dir."
@@ -353,20 +370,7 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     ax.set_xticks(range(len(names)), [f"{n}\n(bs {res['variants'][n]['block_size']})" for n in names], fontsize=8)
     ax.set(ylabel="τ (tokens / target forward)", title="τ per variant: bar mean, dots seeds, ◇ base τ (no head)")
     fig.tight_layout(); paths.append(out / "tau.png"); fig.savefig(paths[-1], dpi=100)
-    if run_dirs:
-        fig = Figure(figsize=(11, 3.6)); axes = fig.subplots(1, 2)
-        for n in names:
-            for j, (_seed, rd) in enumerate(sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))):
-                rows = _train_rows(Path(rd))
-                if not rows: continue
-                k = max(1, len(rows) // 25)
-                for ax, key in zip(axes, ("loss", "accept_len")):
-                    ax.plot([r["step"] for r in rows], _smooth([r[key] for r in rows], k), color=colors[n], lw=1,
-                            label=n if j == 0 else None)
-        axes[0].set(xlabel="optimiser step", ylabel="training loss", title="loss (moving average)")
-        axes[1].set(xlabel="optimiser step", ylabel="accept_len", title="teacher-forced acceptance length (moving average)")
-        axes[1].legend(fontsize=7)
-        fig.tight_layout(); paths.append(out / "training_curves.png"); fig.savefig(paths[-1], dpi=100)
+    if run_dirs: paths.append(_plot_training_curves(res, run_dirs, colors, out / "training_curves.png"))
     fig = Figure(figsize=(7, 3.8)); ax = fig.subplots()
     for n in names:
         p = res["variants"][n]["per_slot_acceptance"]
@@ -713,13 +717,14 @@ def plot_budget(s: dict, out_dir, comparisons=("domino/dflash_shift_matched", "d
         steps = [int(k) for k in by]; t = list(by.values())
         a.errorbar(steps, [x["mean"] for x in t], yerr=[[x["mean"] - x["min"] for x in t], [x["max"] - x["mean"] for x in t]],
                    fmt="o-", ms=4, capsize=3, color=f"C{i % 10}", label=n)
-    a.set(xscale="log", xlabel="optimiser steps (budget)", ylabel="τ", title="τ per budget (mean, min–max over seeds)"); a.legend(fontsize=7)
+    a.set(xlabel="optimiser steps (budget)", ylabel="τ", title="τ per budget (mean, min–max over seeds)"); a.legend(fontsize=7)
     for i, name in enumerate(c for c in comparisons if c in s["comparisons"]):
         by = s["comparisons"][name]; steps = [int(k) for k in by]; r = [v["all"] for v in by.values()]
         b.errorbar(steps, [x["ratio"] for x in r], yerr=[[x["ratio"] - x["lo"] for x in r], [x["hi"] - x["ratio"] for x in r]],
                    fmt="o-", ms=4, capsize=3, color=f"C{i}", label=name)
     b.axhline(1, color="k", lw=0.5)
-    b.set(xscale="log", xlabel="optimiser steps (budget)", ylabel="τ ratio", title="τ ratios with 95 % intervals"); b.legend(fontsize=7)
+    for ax in (a, b): log_ticks(ax, s["budgets"])                # ticks at the budgets: 360 / 1080 / 2880
+    b.set(xlabel="optimiser steps (budget)", ylabel="τ ratio", title="τ ratios with 95 % intervals"); b.legend(fontsize=7)
     fig.tight_layout(); path = Path(out_dir) / "budget.png"; fig.savefig(path, dpi=100)
     return path
 

@@ -27,6 +27,7 @@ from .reduce import MetricSums, reduce_values
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import embedded_dataset_path, embedded_target_path
 from .evaluation import evaluate_draft, load_prompts, plot_eval
+from .plots import plot_training
 from .data import ChatDataError, cached_chat_dataset, chat_cache_key, collate_chat
 from .export import describe_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
@@ -40,7 +41,7 @@ from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optim
 # %% auto #0
 __all__ = ['RECIPES', 'resolve_target_path', 'resolve_data_path', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe',
            'check_data_thinking', 'data_cache_dir', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
-           'plot_run', 'cli']
+           'cli']
 
 # %% ../nbs/34_train.ipynb #0c591b55
 def resolve_target_path(target: str) -> str:
@@ -653,7 +654,7 @@ def main(config_path=None, **overrides) -> dict:
         result = recipe.setup().run()
         if recipe.accelerator.is_main_process:
             recipe.stage = "drawing the training curves and evaluating the exported draft"
-            plot_run(cfg.run_dir)
+            plot_training(read_metrics(cfg.run_dir / "metrics.jsonl"), cfg.run_dir / "plots" / "training.png")
             if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
             describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
@@ -700,33 +701,6 @@ def _print_summary(cfg, result: dict):
     parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
              if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless", "step"))]
     print(f"[{cfg.run_name}] {cfg.run_dir}: " + " ".join(parts), flush=True)
-
-# %% ../nbs/34_train.ipynb #30beeaa8
-def plot_run(run_dir):
-    "Training curves from metrics.jsonl → run_dir/plots/training.png."
-    import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
-    run_dir = Path(run_dir)
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    train = [r for r in rows if "loss" in r]
-    evals = [r for r in rows if "eval/loss" in r]
-    panels = [("loss", ["loss", "final_loss", "base_loss"]), ("accuracy", ["accuracy", "base_accuracy"]),
-              ("accept_len (teacher-forced)", ["accept_len", "base_accept_len"]), ("λ / lr", ["lambda_base"])]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 3.6))
-    for ax, (title, keys) in zip(axes, panels):
-        for k in keys:
-            xs = [r["step"] for r in train if k in r]
-            if xs: ax.plot(xs, [r[k] for r in train if k in r], label=k)
-            ev = [r for r in evals if f"eval/{k}" in r]
-            if ev: ax.plot([r["step"] for r in ev], [r[f"eval/{k}"] for r in ev], "o--", label=f"eval/{k}")
-        handles, labels = ax.get_legend_handles_labels()
-        if title.startswith("λ"):     # lr on its own axis; DFlash runs have no λ, so the legend may hold only lr
-            ax2 = ax.twinx(); ax2.plot([r["step"] for r in train], [r["lr"] for r in train], "k:", label="lr"); ax2.set_ylabel("lr")
-            h2, l2 = ax2.get_legend_handles_labels(); handles, labels = handles + h2, labels + l2
-        ax.set_title(title); ax.set_xlabel("optimiser step")
-        if handles: ax.legend(handles, labels, fontsize=7)
-    fig.tight_layout(); (run_dir / "plots").mkdir(exist_ok=True)
-    fig.savefig(run_dir / "plots" / "training.png", dpi=110); plt.close(fig)
-    return run_dir / "plots" / "training.png"
 
 # %% ../nbs/34_train.ipynb #12ae0391
 def cli(argv=None):
