@@ -1,12 +1,18 @@
-"""User mistakes outside the training recipe, through the real command lines: each is one line on stderr naming the
+"""User mistakes outside the training recipe, through the command lines: each is one line on stderr naming the
 file / key and the bad value, exit status 2 and no traceback (papermill: a non-zero exit naming the parameter, before
-anything heavy runs)."""
+anything heavy runs). The commands run in this process (their `main`/`cli` with the same argv; a new Python adds an
+import of torch per case and nothing checked): `test_python_m_entry_point_exits_2` and one papermill case keep the real
+`python -m` launch and its exit status."""
+import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import warnings
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,11 +20,30 @@ from conftest import REPO, write_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+# `python -m <module>` runs this function of the module with sys.argv[1:] (each module's `if __name__ == "__main__"` line)
+ENTRY_POINTS = {"domino_research.bench": "main", "domino_research.train": "cli", "domino_research.regenerate": "cli",
+                "domino_research.embedded_build": "main"}
 
 
-def run(*args, timeout=300):
+def run_process(*args, timeout=300):
     return subprocess.run([sys.executable, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO)
+
+
+def run(*args):
+    """`python -m <module> argv...` in this process, from the repository root: the module's entry function with argv ->
+    (returncode, stdout, stderr) as a finished process would report them."""
+    import importlib
+    assert args[0] == "-m" and args[1] in ENTRY_POINTS, args
+    entry = getattr(importlib.import_module(args[1]), ENTRY_POINTS[args[1]])
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    formatwarning = warnings.formatwarning                      # the training CLI sets its one-line warning format
+    try:
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try: entry([str(a) for a in args[2:]])
+            except SystemExit as e: code = e.code if isinstance(e.code, int) else 1
+    finally: warnings.formatwarning = formatwarning
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def assert_one_line_error(r, *needles):
@@ -27,6 +52,13 @@ def assert_one_line_error(r, *needles):
     err = [l for l in r.stderr.splitlines() if "error: " in l]
     assert len(err) == 1, r.stderr[-4000:]
     for n in needles: assert str(n) in err[0], (n, err[0])
+
+
+def test_python_m_entry_point_exits_2(tiny, tmp_path):
+    "The real launch: `python -m domino_research.train` with a missing target is one line on stderr and exit status 2."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "decode_eval_prompts": 0})
+    r = run_process("-m", "domino_research.train", "--config", cfg, "--max_steps", 1, "--target", "./models/qwen3-typo")
+    assert_one_line_error(r, "./models/qwen3-typo")
 
 
 # ------------------------------------------------------------------ bench
@@ -98,9 +130,26 @@ def test_train_target_without_config(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------ papermill notebooks
-def papermill(nb, tmp_path, *params):
+def papermill_process(nb, tmp_path, *params):
     args = [x for k, v in zip(params[::2], params[1::2]) for x in ("-p", k, v)]
-    return run("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
+    return run_process("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
+
+
+def papermill(nb, *params) -> tuple[int, Exception]:
+    """`papermill nb -p k v ...` in this process: papermill's own typing of `-p` values and its injected-parameters cell,
+    then the code cells in order, in nbs/, until one raises -> (code cells run, counting the raising one; the error)."""
+    from papermill.cli import _resolve_type
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+    values = {k: _resolve_type(v) for k, v in zip(params[::2], params[1::2])}
+    book = parameterize_notebook(load_notebook_node(str(REPO / "nbs" / nb)), values)
+    namespace, ran = {}, 0
+    with contextlib.chdir(REPO / "nbs"):
+        for cell in (c for c in book.cells if c.cell_type == "code"):
+            ran += 1
+            try: exec(compile(cell.source, f"{nb} code cell {ran}", "exec"), namespace)
+            except Exception as e: return ran, e  # noqa: BLE001 - the check cell's refusal, whatever its type
+    return ran, None
 
 
 @pytest.mark.parametrize("nb, params, needle", [
@@ -118,9 +167,16 @@ def papermill(nb, tmp_path, *params):
     ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),
 ])
-def test_papermill_bad_parameter(tmp_path, nb, params, needle):
-    r = papermill(nb, tmp_path, *params)
-    assert r.returncode != 0 and needle in r.stderr, r.stderr[-3000:]
+def test_papermill_bad_parameter(nb, params, needle):
+    ran, error = papermill(nb, *params)
+    assert error is not None and needle in str(error), error
+    assert ran == 3                                            # parameters, injected parameters, the check: nothing else ran
+
+
+def test_papermill_bad_parameter_through_papermill(tmp_path):
+    "The same refusal through the real `python -m papermill` launch: a non-zero exit naming the parameter, one check cell run."
+    r = papermill_process("evaluate.ipynb", tmp_path, "n_prompts", "two")
+    assert r.returncode != 0 and "parameter 'n_prompts' expects int, got 'two' (str)" in r.stderr, r.stderr[-3000:]
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     ran = [c for c in cells if c["cell_type"] == "code" and c.get("execution_count")]
     assert len(ran) == 3                                       # parameters, injected parameters, the check: nothing else ran
