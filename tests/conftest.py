@@ -1,6 +1,7 @@
 "Shared fixtures: a tiny random Qwen3 target with a Qwen3-style chat tokenizer, chat JSONL data and a recipe config."
-import json, os, random
+import contextlib, importlib, io, json, os, random, warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,3 +58,25 @@ def write_config(path, d):
     import yaml
     Path(path).write_text(yaml.safe_dump(d, sort_keys=False))
     return str(path)
+
+
+# `python -m <module>` runs this function of the module with sys.argv[1:] (each module's `if __name__ == "__main__"` line)
+ENTRY_POINTS = {"domino_research.bench": "main", "domino_research.train": "cli", "domino_research.regenerate": "cli",
+                "domino_research.embedded_build": "main", "domino_research.data": "main"}
+
+
+def run_module(module: str, *argv, cwd=REPO) -> SimpleNamespace:
+    """`python -m <module> argv...` in this process: the module's entry function with argv, run in `cwd` ->
+    (returncode, stdout, stderr) as a finished process reports them. A new Python would add seconds of imports per call
+    and nothing that is checked; one test per command keeps the real launch. Global state a command sets (torch's
+    thread count, the warning format) is put back."""
+    import torch
+    entry = getattr(importlib.import_module(module), ENTRY_POINTS[module])
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    threads, formatwarning = torch.get_num_threads(), warnings.formatwarning
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try: entry([str(a) for a in argv])
+            except SystemExit as e: code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally: torch.set_num_threads(threads); warnings.formatwarning = formatwarning
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())

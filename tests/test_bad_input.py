@@ -4,25 +4,19 @@ anything heavy runs). The commands run in this process (their `main`/`cli` with 
 import of torch per case and nothing checked): `test_python_m_entry_point_exits_2` and one papermill case keep the real
 `python -m` launch and its exit status."""
 import contextlib
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-import warnings
-from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, write_config
+from conftest import REPO, run_module, write_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
-# `python -m <module>` runs this function of the module with sys.argv[1:] (each module's `if __name__ == "__main__"` line)
-ENTRY_POINTS = {"domino_research.bench": "main", "domino_research.train": "cli", "domino_research.regenerate": "cli",
-                "domino_research.embedded_build": "main"}
 
 
 def run_process(*args, timeout=300):
@@ -31,19 +25,9 @@ def run_process(*args, timeout=300):
 
 
 def run(*args):
-    """`python -m <module> argv...` in this process, from the repository root: the module's entry function with argv ->
-    (returncode, stdout, stderr) as a finished process would report them."""
-    import importlib
-    assert args[0] == "-m" and args[1] in ENTRY_POINTS, args
-    entry = getattr(importlib.import_module(args[1]), ENTRY_POINTS[args[1]])
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    formatwarning = warnings.formatwarning                      # the training CLI sets its one-line warning format
-    try:
-        with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try: entry([str(a) for a in args[2:]])
-            except SystemExit as e: code = e.code if isinstance(e.code, int) else 1
-    finally: warnings.formatwarning = formatwarning
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+    "`python -m <module> argv...` in this process, from the repository root (conftest.run_module)."
+    assert args[0] == "-m", args
+    return run_module(args[1], *args[2:])
 
 
 def assert_one_line_error(r, *needles):

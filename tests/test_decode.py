@@ -17,13 +17,20 @@ from domino_research.decode import greedy_generate, speculative_generate
 from domino_research.draft import DFlashDraftModel, draft_qwen3_config
 from domino_research.export import export_draft
 
+from conftest import run_module
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _bench(*args, timeout=600):
+def _bench_process(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "domino_research.bench", "decode", *map(str, args)],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _bench(*args):
+    "`bench decode` in this process (conftest.run_module); test_bench_decode_json keeps the real `python -m` launch."
+    return run_module("domino_research.bench", "decode", *args, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def toy(tmp_path_factory):
 
 
 def test_bench_decode_json(toy):
-    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
+    r = _bench_process("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
                "--n_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
