@@ -12,6 +12,25 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 REPO = Path(__file__).resolve().parents[1]
 
+# The longest tests (CPU seconds measured on main, tiny sizes) start first: with `pytest -n 2 --dist loadgroup`
+# (tests/run_all.sh) the two workers take the next test as they finish one, so no worker is left running a long one
+# while the other idles at the end. None of these uses a module-scoped fixture: moving them loses no set-up.
+LONGEST_FIRST = []
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].removeprefix("tests/"), len(rank)))   # stable
+
+
+def pytest_configure(config):
+    # a pytest-xdist worker is one of N processes on N cores: torch's default of one intra-op thread per core in each
+    # would oversubscribe them (and OpenMP threads spin while they wait); the subprocesses they start inherit this too
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
 
 def _chat(rng, i, short=False):
     start = rng.randrange(100)

@@ -21,4 +21,4 @@ echo "== notebook tests (nbdev_test${NBDEV_FLAGS:+ --flags $NBDEV_FLAGS})"
 nbdev_test --n_workers 2 ${NBDEV_FLAGS:+--flags "$NBDEV_FLAGS"}
 
 echo "== pytest (two workers: the tests are single-threaded subprocesses)"
-python -m pytest -q -n 2 tests
+python -m pytest -q -n 2 --dist loadgroup tests
