@@ -81,7 +81,7 @@ def write_config(path, d):
 
 # `python -m <module>` runs this function of the module with sys.argv[1:] (each module's `if __name__ == "__main__"` line)
 ENTRY_POINTS = {"domino_research.bench": "main", "domino_research.train": "cli", "domino_research.regenerate": "cli",
-                "domino_research.embedded_build": "main", "domino_research.data": "main"}
+                "domino_research.embedded_build": "main", "domino_research.data": "main", "domino_research.embedded": "main"}
 
 
 def run_module(module: str, *argv, cwd=REPO) -> SimpleNamespace:
