@@ -99,3 +99,26 @@ def run_module(module: str, *argv, cwd=REPO) -> SimpleNamespace:
             except SystemExit as e: code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally: torch.set_num_threads(threads); warnings.formatwarning = formatwarning
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def run_notebook(nb: str, **params) -> tuple[int, Exception | None]:
+    """`papermill nbs/<nb> -p k v ...` in this process: papermill's own typing of `-p` text values (non-text values are
+    injected as they are, as `-y` does) and its injected-parameters cell, then the code cells in order, in nbs/, until
+    one raises -> (code cells run, counting the raising one; the error or None). A kernel start adds seconds and
+    nothing checked; tests that need the real launch (exit status, the executed notebook) run papermill itself."""
+    from papermill.cli import _resolve_type
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+    values = {k: _resolve_type(v) if isinstance(v, str) else v for k, v in params.items()}
+    book = parameterize_notebook(load_notebook_node(str(REPO / "nbs" / nb)), values)
+    from transformers.utils import logging as hf_logging
+    namespace, ran, bars = {}, 0, hf_logging.is_progress_bar_enabled()
+    try:
+        with contextlib.chdir(REPO / "nbs"):
+            for cell in (c for c in book.cells if c.cell_type == "code"):
+                ran += 1
+                try: exec(compile(cell.source, f"{nb} code cell {ran}", "exec"), namespace)
+                except Exception as e: return ran, e  # noqa: BLE001 - the notebook's refusal, whatever its type
+        return ran, None
+    finally:
+        if bars: hf_logging.enable_progress_bar()          # a driver turns the weight-loading bars off for its process

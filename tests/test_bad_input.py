@@ -3,7 +3,6 @@ file / key and the bad value, exit status 2 and no traceback (papermill: a non-z
 anything heavy runs). The commands run in this process (their `main`/`cli` with the same argv; a new Python adds an
 import of torch per case and nothing checked): `test_python_m_entry_point_exits_2` and one papermill case keep the real
 `python -m` launch and its exit status."""
-import contextlib
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run_module, write_config
+from conftest import REPO, run_module, run_notebook, write_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
@@ -119,23 +118,6 @@ def papermill_process(nb, tmp_path, *params):
     return run_process("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
 
 
-def papermill(nb, *params) -> tuple[int, Exception]:
-    """`papermill nb -p k v ...` in this process: papermill's own typing of `-p` values and its injected-parameters cell,
-    then the code cells in order, in nbs/, until one raises -> (code cells run, counting the raising one; the error)."""
-    from papermill.cli import _resolve_type
-    from papermill.iorw import load_notebook_node
-    from papermill.parameterize import parameterize_notebook
-    values = {k: _resolve_type(v) for k, v in zip(params[::2], params[1::2])}
-    book = parameterize_notebook(load_notebook_node(str(REPO / "nbs" / nb)), values)
-    namespace, ran = {}, 0
-    with contextlib.chdir(REPO / "nbs"):
-        for cell in (c for c in book.cells if c.cell_type == "code"):
-            ran += 1
-            try: exec(compile(cell.source, f"{nb} code cell {ran}", "exec"), namespace)
-            except Exception as e: return ran, e  # noqa: BLE001 - the check cell's refusal, whatever its type
-    return ran, None
-
-
 @pytest.mark.parametrize("nb, params, needle", [
     ("evaluate.ipynb", ("n_prompts", "two"), "parameter 'n_prompts' expects int, got 'two' (str)"),
     ("evaluate.ipynb", ("max_new_tokens", "0"), "parameter 'max_new_tokens' must be >= 1, got 0"),
@@ -152,7 +134,7 @@ def papermill(nb, *params) -> tuple[int, Exception]:
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),
 ])
 def test_papermill_bad_parameter(nb, params, needle):
-    ran, error = papermill(nb, *params)
+    ran, error = run_notebook(nb, **dict(zip(params[::2], params[1::2])))   # in this process
     assert error is not None and needle in str(error), error
     assert ran == 3                                            # parameters, injected parameters, the check: nothing else ran
 
