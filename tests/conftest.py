@@ -12,15 +12,23 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 REPO = Path(__file__).resolve().parents[1]
 
-# The longest tests (CPU seconds measured on main, tiny sizes) start first: with `pytest -n 2 --dist loadgroup`
-# (tests/run_all.sh) the two workers take the next test as they finish one, so no worker is left running a long one
-# while the other idles at the end. None of these uses a module-scoped fixture: moving them loses no set-up.
-LONGEST_FIRST = []
+# The longest tests start first (each launches several trainings: kill/resume loops, 2-rank launches, papermill
+# studies; a whole file where its tests share a module fixture): with `pytest -n 2 --dist loadgroup` (tests/run_all.sh)
+# the two workers take the next test as they finish one, so neither is left running a long one while the other idles.
+LONGEST_FIRST = ["test_safety.py::test_fault_matrix_kill9_then_resume", "test_shard.py",
+                 "test_qwen3_e2e.py::test_shipped_config_end_to_end", "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
+                 "test_train.py::test_resume_on_another_number_of_processes", "test_ablations.py::test_papermill_budget_curve",
+                 "test_ablations.py::test_papermill_ablations_notebook", "test_train.py::test_sharded_target_trains_like_a_whole_one",
+                 "test_train.py::test_cli_packing_trains_and_resumes_bitwise", "test_reduce_gloo.py",
+                 "test_train.py::test_two_ranks_validation_equals_one_rank", "test_safety.py::test_damaged_latest_checkpoint_falls_back"]
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].removeprefix("tests/"), len(rank)))   # stable
+    def key(item):
+        test = item.nodeid.split("@")[0].split("[")[0].removeprefix("tests/")        # file::test, parameters and group cut
+        return rank.get(test, rank.get(test.split("::")[0], len(rank)))
+    items.sort(key=key)                                                               # stable: the rest keep their order
 
 
 def pytest_configure(config):
