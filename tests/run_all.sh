@@ -20,5 +20,5 @@ ruff check --no-cache .
 echo "== notebook tests (nbdev_test${NBDEV_FLAGS:+ --flags $NBDEV_FLAGS})"
 nbdev_test --n_workers 2 ${NBDEV_FLAGS:+--flags "$NBDEV_FLAGS"}
 
-echo "== pytest (two workers: the tests are single-threaded subprocesses)"
+echo "== pytest (two workers, one torch thread each, taking the next test as they finish one, the longest first: tests/conftest.py)"
 python -m pytest -q -n 2 --dist loadgroup tests
