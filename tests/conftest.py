@@ -1,6 +1,7 @@
 "Shared fixtures: a tiny random Qwen3 target with a Qwen3-style chat tokenizer, chat JSONL data and a recipe config."
-import json, os, random
+import contextlib, importlib, io, json, os, random, warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +11,33 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 REPO = Path(__file__).resolve().parents[1]
+
+# The longest tests start first (each launches several trainings: kill/resume loops, 2-rank launches, papermill
+# studies; a whole file where its tests share a module fixture): with `pytest -n 2 --dist loadgroup` (tests/run_all.sh)
+# the two workers take the next test as they finish one, so neither is left running a long one while the other idles.
+LONGEST_FIRST = ["test_safety.py::test_fault_matrix_kill9_then_resume", "test_shard.py",
+                 "test_qwen3_e2e.py::test_shipped_config_end_to_end", "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
+                 "test_train.py::test_resume_on_another_number_of_processes", "test_ablations.py::test_papermill_budget_curve",
+                 "test_ablations.py::test_papermill_ablations_notebook", "test_train.py::test_sharded_target_trains_like_a_whole_one",
+                 "test_train.py::test_cli_packing_trains_and_resumes_bitwise", "test_reduce_gloo.py",
+                 "test_train.py::test_two_ranks_validation_equals_one_rank", "test_safety.py::test_damaged_latest_checkpoint_falls_back"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    def key(item):
+        test = item.nodeid.split("@")[0].split("[")[0].removeprefix("tests/")        # file::test, parameters and group cut
+        return rank.get(test, rank.get(test.split("::")[0], len(rank)))
+    items.sort(key=key)                                                               # stable: the rest keep their order
+
+
+def pytest_configure(config):
+    # a pytest-xdist worker is one of N processes on N cores: torch's default of one intra-op thread per core in each
+    # would oversubscribe them (and OpenMP threads spin while they wait); the subprocesses they start inherit this too
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def _chat(rng, i, short=False):
@@ -57,3 +85,48 @@ def write_config(path, d):
     import yaml
     Path(path).write_text(yaml.safe_dump(d, sort_keys=False))
     return str(path)
+
+
+# `python -m <module>` runs this function of the module with sys.argv[1:] (each module's `if __name__ == "__main__"` line)
+ENTRY_POINTS = {"domino_research.bench": "main", "domino_research.train": "cli", "domino_research.regenerate": "cli",
+                "domino_research.embedded_build": "main", "domino_research.data": "main", "domino_research.embedded": "main"}
+
+
+def run_module(module: str, *argv, cwd=REPO) -> SimpleNamespace:
+    """`python -m <module> argv...` in this process: the module's entry function with argv, run in `cwd` ->
+    (returncode, stdout, stderr) as a finished process reports them. A new Python would add seconds of imports per call
+    and nothing that is checked; one test per command keeps the real launch. Global state a command sets (torch's
+    thread count, the warning format) is put back."""
+    import torch
+    entry = getattr(importlib.import_module(module), ENTRY_POINTS[module])
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    threads, formatwarning = torch.get_num_threads(), warnings.formatwarning
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try: entry([str(a) for a in argv])
+            except SystemExit as e: code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally: torch.set_num_threads(threads); warnings.formatwarning = formatwarning
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def run_notebook(nb: str, **params) -> tuple[int, Exception | None]:
+    """`papermill nbs/<nb> -p k v ...` in this process: papermill's own typing of `-p` text values (non-text values are
+    injected as they are, as `-y` does) and its injected-parameters cell, then the code cells in order, in nbs/, until
+    one raises -> (code cells run, counting the raising one; the error or None). A kernel start adds seconds and
+    nothing checked; tests that need the real launch (exit status, the executed notebook) run papermill itself."""
+    from papermill.cli import _resolve_type
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+    values = {k: _resolve_type(v) if isinstance(v, str) else v for k, v in params.items()}
+    book = parameterize_notebook(load_notebook_node(str(REPO / "nbs" / nb)), values)
+    from transformers.utils import logging as hf_logging
+    namespace, ran, bars = {}, 0, hf_logging.is_progress_bar_enabled()
+    try:
+        with contextlib.chdir(REPO / "nbs"):
+            for cell in (c for c in book.cells if c.cell_type == "code"):
+                ran += 1
+                try: exec(compile(cell.source, f"{nb} code cell {ran}", "exec"), namespace)
+                except Exception as e: return ran, e  # noqa: BLE001 - the notebook's refusal, whatever its type
+        return ran, None
+    finally:
+        if bars: hf_logging.enable_progress_bar()          # a driver turns the weight-loading bars off for its process

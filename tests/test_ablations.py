@@ -5,7 +5,7 @@ import json, math, os, subprocess, sys
 
 import yaml
 
-from conftest import REPO, write_config
+from conftest import REPO, run_notebook, write_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -74,12 +74,11 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
 
 
 def test_bad_variant_fails_before_training(tiny, tmp_path):
+    "In this process (conftest.run_notebook; the other two tests launch papermill): refused before anything is trained."
     out = tmp_path / "abl"
-    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "ablations.ipynb"), str(tmp_path / "a.ipynb"),
-           "--cwd", str(REPO / "nbs"), "-p", "out_dir", str(out), "-p", "variants", "dflash,domin",
-           "-p", "configs", yaml.safe_dump(tiny_configs(tiny, tmp_path))]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode != 0 and "unknown ['domin']" in p.stderr and "choose from" in p.stderr
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="dflash,domin",
+                              configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
+    assert error is not None and "unknown ['domin']" in str(error) and "choose from" in str(error), error
     assert not (out / "runs").exists()
 
 

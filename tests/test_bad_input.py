@@ -1,6 +1,8 @@
-"""User mistakes outside the training recipe, through the real command lines: each is one line on stderr naming the
+"""User mistakes outside the training recipe, through the command lines: each is one line on stderr naming the
 file / key and the bad value, exit status 2 and no traceback (papermill: a non-zero exit naming the parameter, before
-anything heavy runs)."""
+anything heavy runs). The commands run in this process (their `main`/`cli` with the same argv; a new Python adds an
+import of torch per case and nothing checked): `test_python_m_entry_point_exits_2` and one papermill case keep the real
+`python -m` launch and its exit status."""
 import json
 import os
 import shutil
@@ -10,15 +12,21 @@ import time
 
 import pytest
 
-from conftest import REPO, write_config
+from conftest import REPO, run_module, run_notebook, write_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
 
 
-def run(*args, timeout=300):
+def run_process(*args, timeout=300):
     return subprocess.run([sys.executable, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=timeout,
                           cwd=REPO)
+
+
+def run(*args):
+    "`python -m <module> argv...` in this process, from the repository root (conftest.run_module)."
+    assert args[0] == "-m", args
+    return run_module(args[1], *args[2:])
 
 
 def assert_one_line_error(r, *needles):
@@ -27,6 +35,13 @@ def assert_one_line_error(r, *needles):
     err = [l for l in r.stderr.splitlines() if "error: " in l]
     assert len(err) == 1, r.stderr[-4000:]
     for n in needles: assert str(n) in err[0], (n, err[0])
+
+
+def test_python_m_entry_point_exits_2(tiny, tmp_path):
+    "The real launch: `python -m domino_research.train` with a missing target is one line on stderr and exit status 2."
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "n_eval_prompts": 0})
+    r = run_process("-m", "domino_research.train", "--config", cfg, "--max_steps", 1, "--target", "./models/qwen3-typo")
+    assert_one_line_error(r, "./models/qwen3-typo")
 
 
 # ------------------------------------------------------------------ bench
@@ -98,9 +113,9 @@ def test_train_target_without_config(tiny, tmp_path):
 
 
 # ------------------------------------------------------------------ papermill notebooks
-def papermill(nb, tmp_path, *params):
+def papermill_process(nb, tmp_path, *params):
     args = [x for k, v in zip(params[::2], params[1::2]) for x in ("-p", k, v)]
-    return run("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
+    return run_process("-m", "papermill", REPO / "nbs" / nb, tmp_path / "out.ipynb", "--cwd", REPO / "nbs", *args)
 
 
 @pytest.mark.parametrize("nb, params, needle", [
@@ -118,9 +133,16 @@ def papermill(nb, tmp_path, *params):
     ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),
 ])
-def test_papermill_bad_parameter(tmp_path, nb, params, needle):
-    r = papermill(nb, tmp_path, *params)
-    assert r.returncode != 0 and needle in r.stderr, r.stderr[-3000:]
+def test_papermill_bad_parameter(nb, params, needle):
+    ran, error = run_notebook(nb, **dict(zip(params[::2], params[1::2])))   # in this process
+    assert error is not None and needle in str(error), error
+    assert ran == 3                                            # parameters, injected parameters, the check: nothing else ran
+
+
+def test_papermill_bad_parameter_through_papermill(tmp_path):
+    "The same refusal through the real `python -m papermill` launch: a non-zero exit naming the parameter, one check cell run."
+    r = papermill_process("evaluate.ipynb", tmp_path, "n_eval_prompts", "two")
+    assert r.returncode != 0 and "parameter 'n_eval_prompts' expects int, got 'two' (str)" in r.stderr, r.stderr[-3000:]
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     ran = [c for c in cells if c["cell_type"] == "code" and c.get("execution_count")]
     assert len(ran) == 3                                       # parameters, injected parameters, the check: nothing else ran

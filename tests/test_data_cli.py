@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jsonl, _chat
+from conftest import run_module, write_jsonl, _chat
 from domino_research import data as data_mod
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -25,8 +25,7 @@ def test_prebuild_cli_builds_the_runs_cache(tiny, tmp_path):
                       (["--seq_length", "96", "--tokenizer", str(tmp_path / "nope")], "error: "),
                       (["--seq_length", "96", "--num_proc", "-2"], "argument --num_proc: must be >= 1, got -2")):
         base = [str(data), "--tokenizer", str(target), "--cache_dir", str(cache)]
-        p = subprocess.run([sys.executable, "-m", "domino_research.data", "build", *base, *args], env=ENV, capture_output=True,
-                           text=True, timeout=120)
+        p = run_module("domino_research.data", "build", *base, *args)       # in this process; the build above is launched
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
         assert len(p.stderr.strip().splitlines()) <= 2, p.stderr          # argparse: usage line + error line
 

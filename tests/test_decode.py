@@ -1,5 +1,6 @@
 """Decoding end to end: the `bench decode` command on a toy target/draft saved to disk, its refusals, and
-losslessness of speculative decoding on the embedded target over >= 50 prompts of its test split."""
+losslessness of speculative decoding on the embedded target, on prompts of its test split and with proposals right for
+every accept length."""
 import json
 import os
 import subprocess
@@ -16,13 +17,20 @@ from domino_research.decode import greedy_generate, speculative_generate
 from domino_research.draft import DFlashDraftModel, draft_qwen3_config
 from domino_research.export import export_draft
 
+from conftest import run_module
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _bench(*args, timeout=600):
+def _bench_process(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "domino_research.bench", "decode", *map(str, args)],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def _bench(*args):
+    "`bench decode` in this process (conftest.run_module); test_bench_decode_json keeps the real `python -m` launch."
+    return run_module("domino_research.bench", "decode", *args, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +55,8 @@ def toy(tmp_path_factory):
 
 
 def test_bench_decode_json(toy):
-    r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
-               "--n_eval_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
+    r = _bench_process("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
+                       "--n_eval_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for k in ("tau", "tau_base", "per_slot_acceptance", "spec_tokens_per_s", "target_tokens_per_s", "speedup", "lossless",
@@ -172,12 +180,25 @@ def _embedded():
         pytest.skip(f"embedded target not available: {type(e).__name__}: {e}")
 
 
-@pytest.mark.parametrize("projector_type,shift_label", [("domino", True), (None, False)])
-def test_embedded_lossless_50_prompts(projector_type, shift_label):
-    """Speculative output == plain greedy on 50 test prompts of the embedded target, with an untrained (random) draft:
-    both stop rules are exercised (end-of-turn and max_new_tokens)."""
-    from domino_research.data import stop_token_ids
+# The prompts decoded on the embedded target: the first 6 of its test split (the 1st ends at end-of-turn, the others at
+# max_new_tokens; 186 to 426 prompt tokens). A cache, position or stop-rule bug shows on every prompt, so more prompts add
+# time, not paths; the paths each test hits are asserted below.
+N_EMBEDDED_PROMPTS, MAX_NEW = 6, 48
+
+
+def _embedded_prompts(tok, test_path):
     from domino_research.evaluation import encode_prompt, load_prompts
+    chats = load_prompts(test_path)[:N_EMBEDDED_PROMPTS]
+    assert len(chats) == N_EMBEDDED_PROMPTS
+    return [encode_prompt(tok, chat) for chat in chats]
+
+
+@pytest.mark.parametrize("projector_type,shift_label", [("domino", True), (None, False)])
+def test_embedded_lossless_on_test_prompts(projector_type, shift_label):
+    """Speculative output == plain greedy on test prompts of the embedded target (its tokenizer, chat template and stop
+    ids), with an untrained (random) draft: the Domino rollout and plain DFlash proposals, rejected almost every step
+    (each step crops the cache), and both stop rules are exercised (end-of-turn and max_new_tokens)."""
+    from domino_research.data import stop_token_ids
     torch.set_num_threads(1)
     model, tok, test_path, mask_id = _embedded()
     torch.manual_seed(0)
@@ -185,17 +206,41 @@ def test_embedded_lossless_50_prompts(projector_type, shift_label):
                        emb_dim=16, gru_hidden_dim=32)
     draft = DFlashDraftModel(draft_qwen3_config(model.config, dfl, 1)).eval()
     stops = stop_token_ids(tok)
-    chats = load_prompts(test_path)[:50]
-    assert len(chats) == 50
-    ended = {"stop": 0, "limit": 0}
-    for chat in chats:
-        ids = encode_prompt(tok, chat)
-        ref = greedy_generate(model, ids, 48, stops)
-        out, st = speculative_generate(model, draft, ids, 48, stops)
-        assert out == ref, (chat, out, ref)
+    ended, rejected = {"stop": 0, "limit": 0}, 0
+    for ids in _embedded_prompts(tok, test_path):
+        ref = greedy_generate(model, ids, MAX_NEW, stops)
+        out, st = speculative_generate(model, draft, ids, MAX_NEW, stops)
+        assert out == ref, (tok.decode(ids[0]), out, ref)
         assert st["committed"] == len(out) - 1
         ended["stop" if ref[-1] in stops else "limit"] += 1
-    assert ended["stop"] > 0 and ended["limit"] > 0, ended
+        rejected += st["accept_hist"][1]
+    assert ended["stop"] > 0 and ended["limit"] > 0 and rejected > 0, (ended, rejected)
+
+
+def test_embedded_lossless_every_accept_length():
+    """The verify loop on the embedded target with proposals that are right for the first m tokens and then wrong, m
+    varying per step: rejects, partial accepts, whole accepted blocks with the bonus token, an end-of-turn inside an
+    accepted block and an accepted block cut at max_new_tokens all commit exactly plain greedy's tokens."""
+    from domino_research.data import stop_token_ids
+    from domino_research.decode import speculative_loop
+    torch.set_num_threads(1)
+    model, tok, test_path, _ = _embedded()
+    stops, bs, V = stop_token_ids(tok), 16, model.config.vocab_size
+    hist, stop_in_block, cut_at_limit = [0] * (bs + 1), 0, 0
+    for ids in _embedded_prompts(tok, test_path):
+        ref, P, calls = greedy_generate(model, ids, MAX_NEW, stops), ids.shape[1], []
+        def oracle(ctx, anchor, start, tokens):
+            truth = ref[start - P + 1: start - P + bs]          # the true next tokens after the anchor (fewer at the end)
+            m = (bs - 1, 0, 6, 1, bs - 1, 3)[len(calls) % 6]   # right for the first m, then wrong
+            calls.append(([t if i < m else (t + 1) % V for i, t in enumerate(truth)], m))
+            return calls[-1][0]
+        out, st = speculative_loop(model, oracle, ids, MAX_NEW, bs, [1], stop_token_ids=stops)
+        assert out == ref, (tok.decode(ids[0]), out, ref)
+        hist = [a + b for a, b in zip(hist, st["accept_hist"])]
+        stop_in_block += out[-1] in stops and any(out[-1] in props[:m] for props, m in calls)
+        cut_at_limit += len(out) == MAX_NEW and sum(k * h for k, h in enumerate(st["accept_hist"])) > st["committed"]
+    assert hist[1] and any(hist[2:bs]) and hist[bs], hist        # reject, partial accept, whole block + bonus
+    assert stop_in_block and cut_at_limit, (stop_in_block, cut_at_limit)
 
 
 # ---------------------------------------------------------------- malformed drafts and long prompts, in-process

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from conftest import run_module
 from domino_research.data import read_jsonl
 from domino_research.embedded import (EMBEDDED_DIR, MANIFEST_NAME, SPLITS, TARGET_DIR, embedded_dataset_path,
                                       verify_manifest)
@@ -42,16 +43,14 @@ def test_import_does_not_load_the_builder():
 
 
 def test_cli_build(tmp_path):
-    old = subprocess.run([sys.executable, "-m", "domino_research.embedded", "build", "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    old = run_module("domino_research.embedded", "build", "--out", tmp_path / "x")            # in this process
     assert old.returncode == 2 and "python -m domino_research.embedded_build" in old.stderr, old.stderr   # says where it went
-    cmd = [sys.executable, "-m", "domino_research.embedded_build"]
-    out = subprocess.run(cmd + ["-h"], capture_output=True, text=True, env=ENV, timeout=120)
+    out = run_module("domino_research.embedded_build", "-h")
     assert out.returncode == 0 and "--max_train_seconds" in out.stdout, out.stderr
-    out = subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--stages", "corpus,tokenizr"], capture_output=True,
-                         text=True, env=ENV, timeout=120)
+    out = run_module("domino_research.embedded_build", "--out", tmp_path / "b", "--stages", "corpus,tokenizr")
     assert out.returncode == 2 and "unknown stage(s) ['tokenizr']" in out.stderr, out.stderr
-    # the first two stages of the documented build reproduce the shipped corpus and tokenizer byte for byte
+    # the first two stages of the documented build, launched as documented, reproduce the shipped corpus and tokenizer
+    cmd = [sys.executable, "-m", "domino_research.embedded_build"]
     out = subprocess.run(cmd + ["--out", str(tmp_path / "b"), "--stages", "corpus,tokenizer", "--threads", "1"],
                          capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -11,6 +11,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from domino_research.data import toy_chat_tokenizer
 
+from conftest import run_module
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
 ROWS = [{"conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "old answer"}]},
@@ -37,8 +39,8 @@ def target_dir(tmp_path_factory):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "domino_research.regenerate", *map(str, args)], env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    "The command in this process (conftest.run_module); tests/test_qwen3_e2e.py's fixture runs the real `python -m` launch."
+    return run_module("domino_research.regenerate", *args, cwd=os.getcwd())
 
 
 def test_cli_regenerates_and_resumes(target_dir, tmp_path):

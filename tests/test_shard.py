@@ -10,6 +10,8 @@ from safetensors.torch import load_file
 from conftest import write_config
 from test_train import ENV, REPO, finished, free_port
 
+# one worker runs the whole module under `pytest -n 2 --dist loadgroup`: its tests read one launch (the module fixture)
+pytestmark = pytest.mark.xdist_group("shard_launch")
 WORLD = 2
 RUNS = [["ddp", {}], ["fsdp", {"shard_draft": True}],
         ["fsdp_resumed", {"shard_draft": True, "resume": "fsdp/checkpoints/step-1"}],     # within the mode
