@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -37,7 +38,8 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
-           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score']
+           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'epoch_order',
+           'idle_blocks']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -603,3 +605,25 @@ def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
         inside += j >= P and depth > 0
     return inside / (len(seq) - P)
 
+
+# %% ../nbs/11_data.ipynb #5d9bc8b0
+def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
+                start: int = 0) -> list[list[int]]:
+    """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
+    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
+    per_rank = math.ceil(n / world)
+    if pad:  # equal micro-batch counts on every rank: wrap the order around
+        per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
+        end = start + per_rank * world
+        order = (order * (end // max(n, 1) + 1))[start: end]
+    mine = order[rank::world]
+    return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+
+# %% ../nbs/11_data.ipynb #6d47a545
+def idle_blocks(batch: dict) -> dict:
+    "`batch` with one block at position 0 per row, unpacked: what a rank with no block of its own feeds a collective forward."
+    ids = batch["input_ids"]
+    return {**{k: v for k, v in batch.items() if k != "position_ids"},
+            "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}

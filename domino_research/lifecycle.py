@@ -17,7 +17,7 @@ __all__ = ['CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'c
            'list_checkpoints', 'save_checkpoint', 'restore_rng', 'checkpoint_damage', 'load_checkpoint_state',
            'resume_checkpoint', 'check_resumed_config', 'check_global_batch', 'choose_checkpoint', 'read_checkpoint',
            'load_resume_state', 'resume_position', 'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside',
-           'settle_run_dir', 'check_reuse', 'claim_run_dir', 'check_wandb']
+           'settle_run_dir', 'check_reuse', 'claim_run_dir', 'check_wandb', 'RunInterrupted', 'interrupted_at']
 
 # %% ../nbs/17_lifecycle.ipynb #d70bf211
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
@@ -456,3 +456,15 @@ def check_wandb(timeout: float = 30.0):
         raise ConfigError(f"wandb_project: W&B could not confirm the credentials ({why}); set a valid WANDB_API_KEY or "
                           f"run `wandb login`, {fix}")
     if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
+
+# %% ../nbs/17_lifecycle.ipynb #070d5577
+class RunInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a run; the message says where it stopped and how to go on."
+
+# %% ../nbs/17_lifecycle.ipynb #4bde69cc
+def interrupted_at(run_dir: Path, stage: str) -> str:
+    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
+    saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
+    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
+            "continue with the same command plus --resume latest")
