@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .config import is_disk_full, looks_local
+from .config import ConfigError, is_disk_full, looks_local
 from .train_config import CommandLine
 
 
@@ -39,7 +39,7 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
            'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'epoch_order',
-           'idle_blocks']
+           'idle_blocks', 'check_has_anchors']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -627,3 +627,13 @@ def idle_blocks(batch: dict) -> dict:
     ids = batch["input_ids"]
     return {**{k: v for k, v in batch.items() if k != "position_ids"},
             "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
+
+# %% ../nbs/11_data.ipynb #e42bdc67
+def check_has_anchors(rows: datasets.Dataset, block_size: int, seq_length: int):
+    "Fail now, not after an epoch of skipped windows, if no row of `rows` could ever hold a block."
+    last = seq_length - block_size                       # a batch is at most seq_length long: anchors a <= S - bs
+    first = rows.with_format("arrow")["first_label"]     # each row's first supervised token, from the cache
+    if pc.min(first).as_py() > last:
+        raise ConfigError(f"block_size: no training row can hold a block of {block_size} tokens (an anchor "
+                          f"is a supervised token with block_size - 1 tokens after it within seq_length="
+                          f"{seq_length}); lower block_size or raise seq_length")

@@ -394,7 +394,7 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
 
 # %% ../nbs/32_evaluation.ipynb #2ec69f9f
 def _decode_eval(cfg) -> dict:
-    "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."
+    "Real speculative decoding of a finished run's exported draft against its target on the test prompts: `eval.json`."
     prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
                          n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
@@ -405,6 +405,8 @@ def _decode_eval(cfg) -> dict:
 
 # %% ../nbs/32_evaluation.ipynb #55c8489f
 def _print_summary(cfg, result: dict):
+    "One line of a finished run's headline figures."
     parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-             if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless", "step"))]
+             if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless",
+                              "step"))]
     print(f"[{cfg.run_name}] {cfg.run_dir}: " + " ".join(parts), flush=True)

@@ -364,7 +364,7 @@ def _read_figures(path, prefixes=None) -> dict:
 
 # %% ../nbs/31_export.ipynb #e2da96ca
 def describe_run_draft(cfg, recipe=None) -> Path:
-    "Write the model card and the self-description of a finished run's `draft/` (notebook 31 `describe_draft`) from what the run knows."
+    "Write the model card and the self-description of a finished run's `draft/` (`describe_draft`) from what the run knows."
     tok = getattr(recipe, "tokenizer", None)
     data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
                if tok is not None and cfg.train_data else None)

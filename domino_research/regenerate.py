@@ -518,7 +518,8 @@ if __name__ == "__main__": cli()
 
 # %% ../nbs/12_regenerate.ipynb #c4d1a9e1
 def check_data_thinking(key: str, source, enable_thinking: bool):
-    "Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer follows the prompt it was generated after."
+    """Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer
+    follows the prompt it was generated after."""
     meta = meta_path(source) if source is not None and Path(str(source)).is_file() else None
     if meta is None or not meta.is_file(): return
     try: was = json.loads(meta.read_text()).get("enable_thinking")

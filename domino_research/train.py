@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-import pyarrow.compute as pc, torch, yaml
+import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
 from fastcore.basics import patch
@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, NoSpaceError, dumps_strict, is_disk_full, no_space, write_atomic
+from .config import ConfigError, DFlashConfig, NoSpaceError
 from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config, parse_train_args,
                                           shipped_configs)
 from .progress import Phase
@@ -28,15 +28,15 @@ from .reduce import MetricSums, reduce_values
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import resolve_data_path, resolve_target_path
 from .evaluation import _decode_eval, _print_summary, load_prompts
-from .data import ChatDataError, cached_chat_dataset, collate_chat, epoch_order, idle_blocks
+from .data import ChatDataError, cached_chat_dataset, check_has_anchors, collate_chat, epoch_order, idle_blocks
 from .regenerate import check_data_thinking, target_fingerprint
 from .export import describe_run_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
-from .lifecycle import (RESUME_FIX, RunInterrupted, _export_draft, _fault_point, _inside, _rng_state, _write_json,
+from .lifecycle import (RunInterrupted, _export_draft, _fault_point, _inside, _rng_state, _write_json, append_metrics,
                                        check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
                                        load_resume_state, read_metrics, restore_rng, resume_position, save_checkpoint, set_aside,
-                                       settle_run_dir, trim_metrics)
+                                       settle_run_dir, trim_metrics, write_run_config)
 from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
                                    no_sync, shard_draft, shard_target)
 
@@ -79,7 +79,7 @@ class TrainDFlashRecipe:
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
-        else: self._check_has_anchors()
+        else: check_has_anchors(self.train_set, self.dflash.block_size, cfg.seq_length)   # notebook 11
         if cfg.n_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
@@ -155,17 +155,6 @@ def _check_decode_prompts(self: TrainDFlashRecipe):
     "The prompts of the decoding evaluation that follows training load."
     try: load_prompts(resolve_data_path(self.cfg.decode_prompts or "embedded:test"))
     except (ChatDataError, OSError) as e: raise ConfigError(f"decode_prompts: {' '.join(str(e).split())}") from None
-
-@patch
-def _check_has_anchors(self: TrainDFlashRecipe):
-    "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
-    bs = self.dflash.block_size
-    last = self.cfg.seq_length - bs                      # a batch is at most seq_length long: anchors a <= S - bs
-    first = self.train_set.with_format("arrow")["first_label"]   # each row's first supervised token, from the cache
-    if pc.min(first).as_py() > last:
-        raise ConfigError(f"block_size: no training row can hold a block of {bs} tokens (an anchor "
-                          f"is a supervised token with block_size - 1 tokens after it within seq_length="
-                          f"{self.cfg.seq_length}); lower block_size or raise seq_length")
 
 # %% ../nbs/34_train.ipynb #a0d1801f
 @patch
@@ -414,10 +403,7 @@ def run(self: TrainDFlashRecipe) -> dict:
     try:
         if acc.is_main_process:
             run_dir.mkdir(parents=True, exist_ok=True)
-            # the run's settings; `overwrite` and `resume` were this invocation's actions, so a copy of this file used as
-            # --config never repeats them
-            saved = {**dataclasses.asdict(self.cfg), "overwrite": False, "resume": None}
-            write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+            write_run_config(run_dir, self.cfg)        # without this invocation's overwrite and resume
             if self.resume_state is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
         return self._train(run_dir)
@@ -527,13 +513,8 @@ def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: in
 # %% ../nbs/34_train.ipynb #1b02ab3a
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
-    if self.accelerator.is_main_process:
-        line = dumps_strict(stats) + "\n"
-        try:
-            with open(metrics_file, "a") as f: f.write(line)
-        except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
-            if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
-            raise
+    "A row of metrics.jsonl (notebook 17), and of the tracker."
+    if self.accelerator.is_main_process: append_metrics(metrics_file, stats)
     if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
 # %% ../nbs/34_train.ipynb #cd4f8b16
@@ -596,7 +577,8 @@ def main(config_path=None, **overrides) -> dict:
             if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
             describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
-    except KeyboardInterrupt: raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None
+    except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
+        raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None
     finally: recipe.close()
     return result
 
