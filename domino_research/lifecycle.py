@@ -13,12 +13,12 @@ from accelerate.utils import broadcast_object_list, gather_object
 from .config import ConfigError, DFlashConfig, dumps_strict, is_disk_full, no_space, write_atomic
 
 # %% auto #0
-__all__ = ['CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics', 'append_metrics',
-           'write_run_config', 'list_checkpoints', 'save_checkpoint', 'restore_rng', 'checkpoint_damage',
-           'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config', 'check_global_batch',
-           'choose_checkpoint', 'read_checkpoint', 'load_resume_state', 'resume_position', 'trim_metrics', 'RunLock',
-           'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'claim_run_dir', 'check_wandb',
-           'RunInterrupted', 'interrupted_at']
+__all__ = ['CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
+           'write_run_config', 'append_metrics', 'list_checkpoints', 'save_checkpoint', 'restore_rng',
+           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
+           'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state', 'resume_position',
+           'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'claim_run_dir',
+           'check_wandb', 'RunInterrupted', 'interrupted_at']
 
 # %% ../nbs/17_lifecycle.ipynb #d70bf211
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
@@ -55,16 +55,6 @@ def read_metrics(path) -> list[dict]:
                           stacklevel=2)
     return rows
 
-# %% ../nbs/17_lifecycle.ipynb #f6692111
-def append_metrics(metrics_file, stats: dict):
-    "Append one row to `metrics.jsonl` (strict JSON: NaN/inf as null)."
-    line = dumps_strict(stats) + "\n"
-    try:
-        with open(metrics_file, "a") as f: f.write(line)
-    except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
-        if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
-        raise
-
 # %% ../nbs/17_lifecycle.ipynb #468c6be8
 def write_run_config(run_dir: Path, cfg):
     """The run's settings as `config.yaml`. `overwrite` and `resume` were this invocation's actions, so a copy of this
@@ -87,6 +77,16 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 RESUME_FIX = "free some space there, then continue with --resume latest (any earlier checkpoint is intact)"
+
+# %% ../nbs/17_lifecycle.ipynb #f6692111
+def append_metrics(metrics_file, stats: dict):
+    "Append one row to `metrics.jsonl` (strict JSON: NaN/inf as null)."
+    line = dumps_strict(stats) + "\n"
+    try:
+        with open(metrics_file, "a") as f: f.write(line)
+    except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
+        if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
+        raise
 
 # %% ../nbs/17_lifecycle.ipynb #342f6620
 @contextmanager
