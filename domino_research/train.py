@@ -18,8 +18,8 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import ConfigError, DFlashConfig, NoSpaceError
-from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config, parse_train_args,
-                                          shipped_configs)
+from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config,
+                                          parse_train_args, shipped_configs)
 from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
@@ -33,8 +33,8 @@ from .regenerate import check_data_thinking, target_fingerprint
 from .export import describe_run_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
-from .lifecycle import (RunInterrupted, _export_draft, _fault_point, _inside, _rng_state, _write_json, append_metrics,
-                                       check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
+from .lifecycle import (RunInterrupted, _export_draft, _fault_point, _inside, _rng_state, _write_json,
+                                       append_metrics, check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
                                        load_resume_state, read_metrics, restore_rng, resume_position, save_checkpoint, set_aside,
                                        settle_run_dir, trim_metrics, write_run_config)
 from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
