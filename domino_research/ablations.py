@@ -26,7 +26,8 @@ from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wi
 from .target import load_target
 from .lifecycle import list_checkpoints
 from .train import (
-    RECIPES, DFlashTrainConfig, load_train_config, main, resolve_data_path, resolve_target_path)
+    RECIPES, DFlashTrainConfig, load_train_config, main)
+from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'KEPT_DRAFT',

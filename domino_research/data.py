@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .config import is_disk_full, looks_local
+from .config import ConfigError, is_disk_full, looks_local
 from .train_config import CommandLine
 
 
@@ -37,7 +38,8 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
-           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score']
+           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'epoch_order',
+           'idle_blocks', 'check_has_anchors']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -603,3 +605,35 @@ def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
         inside += j >= P and depth > 0
     return inside / (len(seq) - P)
 
+
+# %% ../nbs/11_data.ipynb #5d9bc8b0
+def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
+                start: int = 0) -> list[list[int]]:
+    """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
+    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
+    per_rank = math.ceil(n / world)
+    if pad:  # equal micro-batch counts on every rank: wrap the order around
+        per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
+        end = start + per_rank * world
+        order = (order * (end // max(n, 1) + 1))[start: end]
+    mine = order[rank::world]
+    return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+
+# %% ../nbs/11_data.ipynb #6d47a545
+def idle_blocks(batch: dict) -> dict:
+    "`batch` with one block at position 0 per row, unpacked: what a rank with no block of its own feeds a collective forward."
+    ids = batch["input_ids"]
+    return {**{k: v for k, v in batch.items() if k != "position_ids"},
+            "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
+
+# %% ../nbs/11_data.ipynb #e42bdc67
+def check_has_anchors(rows: datasets.Dataset, block_size: int, seq_length: int):
+    "Fail now, not after an epoch of skipped windows, if no row of `rows` could ever hold a block."
+    last = seq_length - block_size                       # a batch is at most seq_length long: anchors a <= S - bs
+    first = rows.with_format("arrow")["first_label"]     # each row's first supervised token, from the cache
+    if pc.min(first).as_py() > last:
+        raise ConfigError(f"block_size: no training row can hold a block of {block_size} tokens (an anchor "
+                          f"is a supervised token with block_size - 1 tokens after it within seq_length="
+                          f"{seq_length}); lower block_size or raise seq_length")

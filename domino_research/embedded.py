@@ -16,7 +16,8 @@ from .train_config import CommandLine
 # %% auto #0
 __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MANIFEST_NAME', 'QUALITY_NAME', 'MASK',
            'corpus_path', 'dataset_path', 'sha256_file', 'write_manifest', 'verify_manifest', 'embedded_target_path',
-           'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id', 'main']
+           'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id', 'main', 'resolve_target_path',
+           'resolve_data_path']
 
 # %% ../nbs/13_embedded.ipynb #be671ba7
 SPLITS = ("train", "validation", "test")
@@ -135,3 +136,18 @@ def main(argv=None):
 #| eval: false
 if __name__ == "__main__":
     main()
+
+# %% ../nbs/13_embedded.ipynb #2a85e1cc
+from typing import Optional
+
+def resolve_target_path(target: str) -> str:
+    "`embedded` -> the shipped target's folder; anything else unchanged."
+    if target == "embedded":
+        return str(embedded_target_path())
+    return target
+
+def resolve_data_path(source: Optional[str]) -> Optional[str]:
+    "`embedded:<split>` -> the shipped split's file; anything else (None included) unchanged."
+    if source is not None and source.startswith("embedded:"):
+        return str(embedded_dataset_path(source.split(":", 1)[1]))
+    return source

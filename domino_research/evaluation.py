@@ -20,7 +20,8 @@ from .data import ChatDataError, _load_with_datasets, _looks_like_json_lines, _r
 from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_generate, ngram_generate,
                                     sample_generate, speculative_generate)
 from .draft import DFlashDraftModel
-from .embedded import embedded_dataset_path, load_embedded_target
+from .embedded import embedded_dataset_path, load_embedded_target, resolve_data_path, resolve_target_path
+from .lifecycle import _write_json
 from .export import check_draft_folder, find_draft_dir, load_draft
 from .stats import pooled_tau_ratio
 from .target import check_target_path, load_target
@@ -390,3 +391,22 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
               + (f"lossless {res['lossless']}" if res["lossless"] is not None else
                  f"temperature {res['temperature']}: lossless in distribution (tested in notebook 30_decode), not per prompt"))
     return res
+
+# %% ../nbs/32_evaluation.ipynb #2ec69f9f
+def _decode_eval(cfg) -> dict:
+    "Real speculative decoding of a finished run's exported draft against its target on the test prompts: `eval.json`."
+    prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
+    res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
+                         n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
+                         enable_thinking=cfg.enable_thinking)
+    _write_json(cfg.run_dir / "eval.json", res)
+    plot_eval(res, cfg.run_dir / "plots")
+    return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
+
+# %% ../nbs/32_evaluation.ipynb #55c8489f
+def _print_summary(cfg, result: dict):
+    "One line of a finished run's headline figures."
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
+             if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless",
+                              "step"))]
+    print(f"[{cfg.run_name}] {cfg.run_dir}: " + " ".join(parts), flush=True)

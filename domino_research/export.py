@@ -16,11 +16,13 @@ from safetensors.torch import save_file
 
 from .config import ConfigError, write_atomic
 from .draft import DFlashDraftModel
+from .data import chat_cache_key
+from .embedded import resolve_data_path
 
 # %% auto #0
 __all__ = ['AUTO_MAP', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
            'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source', 'model_card', 'generation_config',
-           'describe_draft', 'export_config', 'export_draft', 'push_draft', 'serving_problems']
+           'describe_draft', 'export_config', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -345,3 +347,31 @@ def serving_problems(draft_dir, engine: str) -> list[str]:
         out.append(f"shift_label is true: {engine}'s model file does not read it; its DFlash decoding expects slot k to "
                    "predict x[a+k], this draft was trained for x[a+1+k]")
     return out
+
+# %% ../nbs/31_export.ipynb #b4472d03
+_CARD_HPARAMS = ("recipe", "seq_length", "packing", "draft_num_hidden_layers", "block_size", "num_anchors", "shift_label",
+                 "loss_decay_gamma", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "lambda_base_start",
+                 "lambda_base_decay_ratio", "micro_batch_size", "grad_accumulation_steps", "num_epochs", "max_steps",
+                 "learning_rate", "weight_decay", "warmup_ratio", "min_lr_ratio", "max_grad_norm", "seed")
+
+# %% ../nbs/31_export.ipynb #e4d5420f
+def _read_figures(path, prefixes=None) -> dict:
+    "The numeric entries of a run's JSON file (summary.json, eval.json), optionally only those under `prefixes`."
+    if not path.is_file(): return {}
+    js = json.loads(path.read_text())
+    return {k: v for k, v in js.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and (prefixes is None or k.startswith(prefixes))}
+
+# %% ../nbs/31_export.ipynb #e2da96ca
+def describe_run_draft(cfg, recipe=None) -> Path:
+    "Write the model card and the self-description of a finished run's `draft/` (`describe_draft`) from what the run knows."
+    tok = getattr(recipe, "tokenizer", None)
+    data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
+               if tok is not None and cfg.train_data else None)
+    info = {"target": cfg.target, "target_fingerprint": getattr(recipe, "target_fingerprint", None), "data": cfg.train_data,
+            "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
+            "eos_token_id": getattr(tok, "eos_token_id", None), "pad_token_id": getattr(tok, "pad_token_id", None),
+            "hyperparameters": {k: getattr(cfg, k) for k in _CARD_HPARAMS if getattr(cfg, k, None) is not None},
+            "validation": _read_figures(cfg.run_dir / "summary.json", ("eval/", "step")),
+            "decode": _read_figures(cfg.run_dir / "eval.json")}
+    return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})

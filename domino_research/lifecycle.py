@@ -7,17 +7,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
-import torch
+import torch, yaml
 from accelerate.utils import broadcast_object_list, gather_object
 
 from .config import ConfigError, DFlashConfig, dumps_strict, is_disk_full, no_space, write_atomic
 
 # %% auto #0
 __all__ = ['CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
-           'list_checkpoints', 'save_checkpoint', 'restore_rng', 'checkpoint_damage', 'load_checkpoint_state',
-           'resume_checkpoint', 'check_resumed_config', 'check_global_batch', 'choose_checkpoint', 'read_checkpoint',
-           'load_resume_state', 'resume_position', 'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside',
-           'settle_run_dir', 'check_reuse', 'claim_run_dir', 'check_wandb']
+           'write_run_config', 'append_metrics', 'list_checkpoints', 'save_checkpoint', 'restore_rng',
+           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
+           'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state', 'resume_position',
+           'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'claim_run_dir',
+           'check_wandb', 'RunInterrupted', 'interrupted_at']
 
 # %% ../nbs/17_lifecycle.ipynb #d70bf211
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
@@ -54,6 +55,13 @@ def read_metrics(path) -> list[dict]:
                           stacklevel=2)
     return rows
 
+# %% ../nbs/17_lifecycle.ipynb #468c6be8
+def write_run_config(run_dir: Path, cfg):
+    """The run's settings as `config.yaml`. `overwrite` and `resume` were this invocation's actions, so a copy of this
+    file used as --config never repeats them."""
+    saved = {**dataclasses.asdict(cfg), "overwrite": False, "resume": None}
+    write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+
 # %% ../nbs/17_lifecycle.ipynb #b47f4115
 def _fault_point(name):
     "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
@@ -69,6 +77,16 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 RESUME_FIX = "free some space there, then continue with --resume latest (any earlier checkpoint is intact)"
+
+# %% ../nbs/17_lifecycle.ipynb #f6692111
+def append_metrics(metrics_file, stats: dict):
+    "Append one row to `metrics.jsonl` (strict JSON: NaN/inf as null)."
+    line = dumps_strict(stats) + "\n"
+    try:
+        with open(metrics_file, "a") as f: f.write(line)
+    except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
+        if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
+        raise
 
 # %% ../nbs/17_lifecycle.ipynb #342f6620
 @contextmanager
@@ -456,3 +474,15 @@ def check_wandb(timeout: float = 30.0):
         raise ConfigError(f"wandb_project: W&B could not confirm the credentials ({why}); set a valid WANDB_API_KEY or "
                           f"run `wandb login`, {fix}")
     if not out.get("ok"): raise ConfigError(f"wandb_project: no W&B credentials (WANDB_API_KEY or `wandb login`); log in, {fix}")
+
+# %% ../nbs/17_lifecycle.ipynb #070d5577
+class RunInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a run; the message says where it stopped and how to go on."
+
+# %% ../nbs/17_lifecycle.ipynb #4bde69cc
+def interrupted_at(run_dir: Path, stage: str) -> str:
+    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
+    saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
+    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
+            "continue with the same command plus --resume latest")

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
-from .config import looks_local, write_atomic
+from .config import ConfigError, looks_local, write_atomic
 from .train_config import CommandLine, signature_defaults
 from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids, tokenizer_fingerprint
 from .target import check_device, check_target_path, load_target
@@ -32,7 +32,7 @@ from .target import check_device, check_target_path, load_target
 # %% auto #0
 __all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
            'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars', 'length_batches', 'Interrupted',
-           'regenerate', 'main', 'cli']
+           'regenerate', 'main', 'cli', 'check_data_thinking']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -515,3 +515,16 @@ def cli(argv=None):
 # %% ../nbs/12_regenerate.ipynb #70896f72
 #| eval: false
 if __name__ == "__main__": cli()
+
+# %% ../nbs/12_regenerate.ipynb #c4d1a9e1
+def check_data_thinking(key: str, source, enable_thinking: bool):
+    """Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer
+    follows the prompt it was generated after."""
+    meta = meta_path(source) if source is not None and Path(str(source)).is_file() else None
+    if meta is None or not meta.is_file(): return
+    try: was = json.loads(meta.read_text()).get("enable_thinking")
+    except ValueError: return                      # an unreadable record is regenerate's to report when it resumes
+    if isinstance(was, bool) and was != enable_thinking:
+        raise ConfigError(f"{key}: {source} was regenerated with enable_thinking={str(was).lower()} ({meta.name}) but this "
+                          f"run has enable_thinking={str(enable_thinking).lower()}; set enable_thinking: {str(was).lower()}, "
+                          "so that every answer is trained after the generation prompt it was generated after")

@@ -4,12 +4,12 @@
 
 # %% ../nbs/34_train.ipynb #6219d698
 from __future__ import annotations
-import dataclasses, functools, itertools, json, math, os, shutil, sys, warnings
+import dataclasses, functools, itertools, math, os, shutil, sys, warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-import pyarrow.compute as pc, torch, yaml
+import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
 from fastcore.basics import patch
@@ -17,57 +17,32 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, NoSpaceError, dumps_strict, is_disk_full, no_space, write_atomic
-from .train_config import DFlashTrainConfig, DominoTrainConfig, load_train_config, parse_train_args, shipped_configs
+from .config import ConfigError, DFlashConfig, NoSpaceError
+from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config,
+                                          parse_train_args, shipped_configs)
 from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
 from .reduce import MetricSums, reduce_values
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
-from .embedded import embedded_dataset_path, embedded_target_path
-from .evaluation import evaluate_draft, load_prompts, plot_eval
+from .embedded import resolve_data_path, resolve_target_path
+from .evaluation import _decode_eval, _print_summary, load_prompts
 from .plots import plot_training
-from .data import ChatDataError, cached_chat_dataset, chat_cache_key, collate_chat
-from .export import describe_draft
+from .data import ChatDataError, cached_chat_dataset, check_has_anchors, collate_chat, epoch_order, idle_blocks
+from .regenerate import check_data_thinking, target_fingerprint
+from .export import describe_run_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
-from .lifecycle import (RESUME_FIX, _export_draft, _fault_point, _inside, _rng_state, _write_json, check_wandb,
-                                       claim_run_dir, draft_contract, list_checkpoints, load_resume_state, read_metrics,
-                                       restore_rng, resume_position, save_checkpoint, set_aside, settle_run_dir, trim_metrics)
+from .lifecycle import (RunInterrupted, _export_draft, _fault_point, _inside, _rng_state, _write_json,
+                                       append_metrics, check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
+                                       load_resume_state, read_metrics, restore_rng, resume_position, save_checkpoint, set_aside,
+                                       settle_run_dir, trim_metrics, write_run_config)
 from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
                                    no_sync, shard_draft, shard_target)
 
 # %% auto #0
-__all__ = ['RECIPES', 'resolve_target_path', 'resolve_data_path', 'epoch_order', 'NonFiniteLossError', 'TrainDFlashRecipe',
-           'check_data_thinking', 'data_cache_dir', 'TrainDominoRecipe', 'RunInterrupted', 'main', 'describe_run_draft',
-           'cli']
-
-# %% ../nbs/34_train.ipynb #0c591b55
-def resolve_target_path(target: str) -> str:
-    if target == "embedded":
-        return str(embedded_target_path())
-    return target
-
-def resolve_data_path(source: Optional[str]) -> Optional[str]:
-    if source is not None and source.startswith("embedded:"):
-        return str(embedded_dataset_path(source.split(":", 1)[1]))
-    return source
-
-# %% ../nbs/34_train.ipynb #5d9bc8b0
-def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
-                start: int = 0) -> list[list[int]]:
-    """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
-    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks."""
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
-    per_rank = math.ceil(n / world)
-    if pad:  # equal micro-batch counts on every rank: wrap the order around
-        per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
-        end = start + per_rank * world
-        order = (order * (end // max(n, 1) + 1))[start: end]
-    mine = order[rank::world]
-    return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+__all__ = ['RECIPES', 'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'cli']
 
 # %% ../nbs/34_train.ipynb #fd1901b0
 class NonFiniteLossError(RuntimeError): pass
@@ -105,7 +80,7 @@ class TrainDFlashRecipe:
         self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
-        else: self._check_has_anchors()
+        else: check_has_anchors(self.train_set, self.dflash.block_size, cfg.seq_length)   # notebook 11
         if cfg.n_eval_prompts > 0: self._check_decode_prompts()     # now, not after the whole training run
         self.target = self._load_target()
         if cfg.packing:                                     # the target must keep packed conversations apart
@@ -139,20 +114,6 @@ def _claim_run_dir(self: TrainDFlashRecipe):
     "Lock the run name, settle an interrupted overwrite, and refuse to reuse a run directory by accident (notebook 17)."
     self.lock = claim_run_dir(self.cfg, self.accelerator, say=lambda line: self.print(line))
 
-# %% ../nbs/34_train.ipynb #c4d1a9e1
-from .regenerate import meta_path, target_fingerprint
-
-def check_data_thinking(key: str, source, enable_thinking: bool):
-    "Refuse data that `regenerate` wrote with the other `enable_thinking` (its `.meta.json` says): each answer follows the prompt it was generated after."
-    meta = meta_path(source) if source is not None and Path(str(source)).is_file() else None
-    if meta is None or not meta.is_file(): return
-    try: was = json.loads(meta.read_text()).get("enable_thinking")
-    except ValueError: return                      # an unreadable record is regenerate's to report when it resumes
-    if isinstance(was, bool) and was != enable_thinking:
-        raise ConfigError(f"{key}: {source} was regenerated with enable_thinking={str(was).lower()} ({meta.name}) but this "
-                          f"run has enable_thinking={str(enable_thinking).lower()}; set enable_thinking: {str(was).lower()}, "
-                          "so that every answer is trained after the generation prompt it was generated after")
-
 # %% ../nbs/34_train.ipynb #d60f9a2a
 @patch
 def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
@@ -166,10 +127,6 @@ def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
 def _load_resume_state(self: TrainDFlashRecipe) -> Optional[dict]:
     "The checkpoint to resume, the same on every rank, checked against this run's contract and settings (notebook 17)."
     return load_resume_state(self.cfg, self.accelerator, self.contract)
-
-def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
-    "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
-    return Path(cfg.data_cache_dir or Path(cfg.output_dir) / ".data_cache").expanduser()
 
 @patch
 def _build_datasets(self: TrainDFlashRecipe):
@@ -199,17 +156,6 @@ def _check_decode_prompts(self: TrainDFlashRecipe):
     "The prompts of the decoding evaluation that follows training load."
     try: load_prompts(resolve_data_path(self.cfg.decode_prompts or "embedded:test"))
     except (ChatDataError, OSError) as e: raise ConfigError(f"decode_prompts: {' '.join(str(e).split())}") from None
-
-@patch
-def _check_has_anchors(self: TrainDFlashRecipe):
-    "Fail now, not after an epoch of skipped windows, if no micro-batch could ever hold a block."
-    bs = self.dflash.block_size
-    last = self.cfg.seq_length - bs                      # a batch is at most seq_length long: anchors a <= S - bs
-    first = self.train_set.with_format("arrow")["first_label"]   # each row's first supervised token, from the cache
-    if pc.min(first).as_py() > last:
-        raise ConfigError(f"block_size: no training row can hold a block of {bs} tokens (an anchor "
-                          f"is a supervised token with block_size - 1 tokens after it within seq_length="
-                          f"{self.cfg.seq_length}); lower block_size or raise seq_length")
 
 # %% ../nbs/34_train.ipynb #a0d1801f
 @patch
@@ -291,12 +237,6 @@ def _clip_grad_norm(self: TrainDFlashRecipe) -> torch.Tensor:
 def _full_draft_state(self: TrainDFlashRecipe) -> Optional[dict]:
     return full_draft_state(self.trainer, self.accelerator.is_main_process, self._sharded_draft())
 
-def _idle_blocks(batch: dict) -> dict:
-    "`batch` with one block at position 0 per row, unpacked: what a rank with no block of its own feeds a collective forward."
-    ids = batch["input_ids"]
-    return {**{k: v for k, v in batch.items() if k != "position_ids"},
-            "anchor_positions": ids.new_zeros(ids.shape[0], 1), "block_keep": ids.new_ones(ids.shape[0], 1, dtype=torch.bool)}
-
 # %% ../nbs/34_train.ipynb #953e54f4
 @patch
 def print(self: TrainDFlashRecipe, *args):
@@ -374,7 +314,7 @@ def validate(self: TrainDFlashRecipe) -> dict:
         feats = self._features(batch) if sharded else None                     # collective when sharded: every rank, every k
         if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])):
             if self._sharded_draft():                # join the draft's collective forward on a stand-in block, then drop it
-                self._run_trainer_step(_idle_blocks(batch), feats if sharded else self._features(batch), model=trainer)
+                self._run_trainer_step(idle_blocks(batch), feats if sharded else self._features(batch), model=trainer)
         else:
             out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=trainer)
             sums.add_all(out["metrics"])
@@ -464,10 +404,7 @@ def run(self: TrainDFlashRecipe) -> dict:
     try:
         if acc.is_main_process:
             run_dir.mkdir(parents=True, exist_ok=True)
-            # the run's settings; `overwrite` and `resume` were this invocation's actions, so a copy of this file used as
-            # --config never repeats them
-            saved = {**dataclasses.asdict(self.cfg), "overwrite": False, "resume": None}
-            write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+            write_run_config(run_dir, self.cfg)        # without this invocation's overwrite and resume
             if self.resume_state is None: (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an attempt that never saved
         acc.wait_for_everyone()
         return self._train(run_dir)
@@ -577,13 +514,8 @@ def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: in
 # %% ../nbs/34_train.ipynb #1b02ab3a
 @patch
 def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
-    if self.accelerator.is_main_process:
-        line = dumps_strict(stats) + "\n"
-        try:
-            with open(metrics_file, "a") as f: f.write(line)
-        except OSError as e:                  # a torn last line is dropped on resume (`read_metrics`)
-            if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
-            raise
+    "A row of metrics.jsonl (notebook 17), and of the tracker."
+    if self.accelerator.is_main_process: append_metrics(metrics_file, stats)
     if self.cfg.wandb_project: self.accelerator.log(stats, step=step)
 
 # %% ../nbs/34_train.ipynb #cd4f8b16
@@ -634,18 +566,6 @@ class TrainDominoRecipe(TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #a95b9e7a
 RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}
 
-class RunInterrupted(KeyboardInterrupt):
-    "Ctrl-C during a run; the message says where it stopped and how to go on."
-
-@patch
-def interrupted_at(self: TrainDFlashRecipe) -> str:
-    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
-    run_dir, stage = self.cfg.run_dir, getattr(self, "stage", "setting up")
-    saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
-    if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
-    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
-            "continue with the same command plus --resume latest")
-
 def main(config_path=None, **overrides) -> dict:
     "Train (and evaluate) a draft from a YAML config (path or shipped name) plus single-key overrides."
     cfg = load_train_config(config_path, **overrides)
@@ -658,49 +578,10 @@ def main(config_path=None, **overrides) -> dict:
             if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
             describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
-    except KeyboardInterrupt: raise RunInterrupted(recipe.interrupted_at()) from None
+    except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
+        raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None
     finally: recipe.close()
     return result
-
-_CARD_HPARAMS = ("recipe", "seq_length", "packing", "draft_num_hidden_layers", "block_size", "num_anchors", "shift_label",
-                 "loss_decay_gamma", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "lambda_base_start",
-                 "lambda_base_decay_ratio", "micro_batch_size", "grad_accumulation_steps", "num_epochs", "max_steps",
-                 "learning_rate", "weight_decay", "warmup_ratio", "min_lr_ratio", "max_grad_norm", "seed")
-
-def _read_figures(path, prefixes=None) -> dict:
-    "The numeric entries of a run's JSON file (summary.json, eval.json), optionally only those under `prefixes`."
-    if not path.is_file(): return {}
-    js = json.loads(path.read_text())
-    return {k: v for k, v in js.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and (prefixes is None or k.startswith(prefixes))}
-
-def describe_run_draft(cfg, recipe=None) -> Path:
-    "Write the model card and the self-description of a finished run's `draft/` (notebook 31 `describe_draft`) from what the run knows."
-    tok = getattr(recipe, "tokenizer", None)
-    data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
-               if tok is not None and cfg.train_data else None)
-    info = {"target": cfg.target, "target_fingerprint": getattr(recipe, "target_fingerprint", None), "data": cfg.train_data,
-            "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
-            "eos_token_id": getattr(tok, "eos_token_id", None), "pad_token_id": getattr(tok, "pad_token_id", None),
-            "hyperparameters": {k: getattr(cfg, k) for k in _CARD_HPARAMS if getattr(cfg, k, None) is not None},
-            "validation": _read_figures(cfg.run_dir / "summary.json", ("eval/", "step")),
-            "decode": _read_figures(cfg.run_dir / "eval.json")}
-    return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
-
-def _decode_eval(cfg) -> dict:
-    "Real speculative decoding of the exported draft against its target on the test prompts (notebook 32)."
-    prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
-    res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
-                         n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
-                         enable_thinking=cfg.enable_thinking)
-    _write_json(cfg.run_dir / "eval.json", res)
-    plot_eval(res, cfg.run_dir / "plots")
-    return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
-
-def _print_summary(cfg, result: dict):
-    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
-             if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless", "step"))]
-    print(f"[{cfg.run_name}] {cfg.run_dir}: " + " ".join(parts), flush=True)
 
 # %% ../nbs/34_train.ipynb #12ae0391
 def cli(argv=None):

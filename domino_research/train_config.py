@@ -24,7 +24,7 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
            'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
            'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'CommandLine',
-           'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params']
+           'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
@@ -386,3 +386,8 @@ def check_params(ns: dict, where: str = "papermill", ranges: dict | None = None,
         if ns[key] is not None and not Path(ns[key]).exists():
             raise ConfigError(f"{where}: parameter {key!r}: {ns[key]} does not exist (relative paths start in nbs/)")
     return out
+
+# %% ../nbs/09_train_config.ipynb #2aab9047
+def data_cache_dir(cfg: DFlashTrainConfig) -> Path:
+    "Where tokenised data is cached: `data_cache_dir`, else `<output_dir>/.data_cache` (shared by the runs of an output_dir)."
+    return Path(cfg.data_cache_dir or Path(cfg.output_dir) / ".data_cache").expanduser()
