@@ -54,19 +54,24 @@ def _rss_mb() -> float:
     "Current resident set of this process (Linux /proc)."
     with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
+# %% ../nbs/33_bench.ipynb #b9247ee0
 def _cpu_s() -> float:
     "CPU seconds (user + system, all threads) used by this process: less sensitive than wall time to other load."
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
+# %% ../nbs/33_bench.ipynb #63b69b75
 def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # Linux: KiB
 
+# %% ../nbs/33_bench.ipynb #04d666c7
 def _check_sizes(**sizes):
     "Every size must be an int >= 1 (a 0 or negative size would fail deep inside torch, or be silently replaced)."
     for k, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"bench loss: {k} must be an integer >= 1, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"bench loss: {k} must be an integer >= 1, got {v!r}")
 
+# %% ../nbs/33_bench.ipynb #406da4a7
 def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: str = "float32", device: str = "cpu",
                  chunk_size: int = 256, lambda_base: float = 0.5, repeats: int = 1, seed: int = 0) -> dict:
     "Peak extra memory (MB) and forward+backward seconds of one dual-CE variant, measured in this process."
@@ -77,7 +82,10 @@ def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: st
     x = make_loss_inputs(T, V, H, E, G, dt, device, seed)
     fn = naive_dual_ce if variant == "naive" else chunked_dual_ce
     kw = {} if variant == "naive" else dict(chunk_size=chunk_size, lambda_base=lambda_base if variant == "chunked" else None)
-    if cuda: torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base_mb = torch.cuda.memory_allocated() / 2**20
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_mb = torch.cuda.memory_allocated() / 2**20
     else: base_mb = _rss_mb()
     times, cpu, loss = [], [], None
     for _ in range(repeats):
@@ -88,7 +96,8 @@ def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: st
         loss = ((1 - lambda_base) * out["final_ce_sum"] + lambda_base * out["base_ce_sum"]) / wsum
         loss.backward()
         if cuda: torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0); cpu.append(_cpu_s() - c0)
+        times.append(time.perf_counter() - t0)
+        cpu.append(_cpu_s() - c0)
         del out
     peak_mb = (torch.cuda.max_memory_allocated() / 2**20 if cuda else _maxrss_mb()) - base_mb
     return dict(variant=variant, peak_mb=round(peak_mb, 1), seconds=round(min(times), 3), times_s=[round(t, 3) for t in times],
@@ -101,9 +110,12 @@ def _run_variant_subprocess(variant: str, **kw) -> dict:
     for k, v in kw.items(): cmd += [f"--{k}", str(v)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise RuntimeError(f"bench loss: variant '{variant}' failed (exit {p.returncode}); command: {' '.join(cmd)}\n{p.stderr[-3000:]}")
+        raise RuntimeError(
+            f"bench loss: variant '{variant}' failed (exit {p.returncode}); command: {' '.join(cmd)}\n{p.stderr[-3000:]}"
+        )
     return json.loads(p.stdout.strip().splitlines()[-1])
 
+# %% ../nbs/33_bench.ipynb #1cc311ee
 def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb: int = 256, gru: int = 1024,
                dtype: str = "float32", device: str | None = None, chunk_size: int = 256, lambda_base: float = 0.5,
                repeats: int = 1, variants: str = "naive,chunked") -> dict:
@@ -113,19 +125,30 @@ def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb:
     names = [v.strip() for v in variants.split(",") if v.strip()]
     bad = [v for v in names if v not in VARIANTS]
     if bad or "naive" not in names or "chunked" not in names:
-        raise ValueError(f"bench loss: --variants must name naive and chunked (and optionally chunked_nohint), comma-separated; got {variants!r}")
+        raise ValueError(
+            f"bench loss: --variants must name naive and chunked (and optionally chunked_nohint), comma-separated; got "
+            f"{variants!r}"
+        )
     shape = dict(T=tokens, V=vocab, H=hidden, E=emb, G=gru)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kw = dict(shape, dtype=dtype, device=device, chunk_size=chunk_size, lambda_base=lambda_base, repeats=repeats)
     res = {v: _run_variant_subprocess(v, **kw) for v in names}
     nv, ef = res["naive"], res["chunked"]
-    out = dict(naive_peak_mb=nv["peak_mb"], efficient_peak_mb=ef["peak_mb"],
-               memory_ratio=round(ef["peak_mb"] / max(nv["peak_mb"], 1e-9), 4),
-               naive_s=nv["seconds"], efficient_s=ef["seconds"], time_ratio=round(ef["seconds"] / nv["seconds"], 4),
-               naive_cpu_s=nv["cpu_s"], efficient_cpu_s=ef["cpu_s"], cpu_time_ratio=round(ef["cpu_s"] / max(nv["cpu_s"], 1e-9), 4),
-               loss_abs_diff=abs(ef["loss"] - nv["loss"]),
-               shape=dict(shape, slots=tokens, chunk_size=chunk_size, dtype=dtype, device=device, lambda_base=lambda_base),
-               torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"), variants=res)
+    out = dict(
+        naive_peak_mb=nv["peak_mb"],
+        efficient_peak_mb=ef["peak_mb"],
+        memory_ratio=round(ef["peak_mb"] / max(nv["peak_mb"], 1e-9), 4),
+        naive_s=nv["seconds"],
+        efficient_s=ef["seconds"],
+        time_ratio=round(ef["seconds"] / nv["seconds"], 4),
+        naive_cpu_s=nv["cpu_s"],
+        efficient_cpu_s=ef["cpu_s"],
+        cpu_time_ratio=round(ef["cpu_s"] / max(nv["cpu_s"], 1e-9), 4),
+        loss_abs_diff=abs(ef["loss"] - nv["loss"]),
+        shape=dict(shape, slots=tokens, chunk_size=chunk_size, dtype=dtype, device=device, lambda_base=lambda_base),
+        torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
+        variants=res,
+    )
     return out
 
 # %% ../nbs/33_bench.ipynb #6c6efd13
@@ -138,19 +161,23 @@ def _int_at_least(lo: int):
         return v
     return parse
 
+# %% ../nbs/33_bench.ipynb #e4c73695
 def _fraction(s):
     try: v = float(s)
     except ValueError: raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {s!r}") from None
     if not 0.0 <= v <= 1.0: raise argparse.ArgumentTypeError(f"must be in [0, 1], got {s}")
     return v
 
+# %% ../nbs/33_bench.ipynb #7c2e7196
 def _variant_list(s):
     names = [v.strip() for v in s.split(",") if v.strip()]
     bad = [v for v in names if v not in VARIANTS]
     if bad: raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
-    if "naive" not in names or "chunked" not in names: raise argparse.ArgumentTypeError(f"must include naive and chunked, got {s!r}")
+    if "naive" not in names or "chunked" not in names:
+        raise argparse.ArgumentTypeError(f"must include naive and chunked, got {s!r}")
     return s
 
+# %% ../nbs/33_bench.ipynb #782f392a
 _pos = _int_at_least(1)
 
 def _add_loss_parser(sub):
@@ -166,42 +193,70 @@ def _add_loss_parser(sub):
     p.add_argument("--chunk_size", type=_pos, default=d["chunk_size"])
     p.add_argument("--lambda_base", type=_fraction, default=d["lambda_base"])
     p.add_argument("--repeats", type=_pos, default=d["repeats"])
-    p.add_argument("--variants", type=_variant_list, default=d["variants"], help=f"comma list from {VARIANTS}; must include naive and chunked")
+    p.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=d["variants"],
+        help=f"comma list from {VARIANTS}; must include naive and chunked",
+    )
     p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_loss)
     q = sub.add_parser("_loss_variant")                                   # internal: what bench_loss runs in each subprocess
     q.add_argument("--variant", required=True, choices=VARIANTS)
     for k in ("T", "V", "H", "E", "G"): q.add_argument(f"--{k}", type=int, required=True)
     dv = signature_defaults(loss_variant)
-    q.add_argument("--chunk_size", type=int, default=dv["chunk_size"]); q.add_argument("--repeats", type=int, default=dv["repeats"])
-    q.add_argument("--dtype", default=dv["dtype"]); q.add_argument("--device", default=dv["device"])
+    q.add_argument("--chunk_size", type=int, default=dv["chunk_size"])
+    q.add_argument("--repeats", type=int, default=dv["repeats"])
+    q.add_argument("--dtype", default=dv["dtype"])
+    q.add_argument("--device", default=dv["device"])
     q.add_argument("--lambda_base", type=float, default=dv["lambda_base"])
     q.set_defaults(func=lambda a: print(json.dumps(loss_variant(a.variant, a.T, a.V, a.H, a.E, a.G, a.dtype, a.device,
                                                                  a.chunk_size, a.lambda_base, a.repeats))))
 
+# %% ../nbs/33_bench.ipynb #598f75ec
 def _cmd_loss(a):
     check_device(a.device)
-    r = bench_loss(a.tokens, a.vocab, a.hidden, a.emb, a.gru, a.dtype, a.device, a.chunk_size, a.lambda_base, a.repeats, a.variants)
-    if a.json: print(dumps_strict(r)); return
+    r = bench_loss(
+        a.tokens, a.vocab, a.hidden, a.emb, a.gru, a.dtype, a.device, a.chunk_size, a.lambda_base, a.repeats, a.variants
+    )
+    if a.json:
+        print(dumps_strict(r))
+        return
     print(f"shape {r['shape']}")
-    for k in ("naive_peak_mb", "efficient_peak_mb", "memory_ratio", "naive_s", "efficient_s", "time_ratio", "cpu_time_ratio", "loss_abs_diff"):
+    for k in (
+        "naive_peak_mb",
+        "efficient_peak_mb",
+        "memory_ratio",
+        "naive_s",
+        "efficient_s",
+        "time_ratio",
+        "cpu_time_ratio",
+        "loss_abs_diff",
+    ):
         print(f"{k:>18}: {r[k]}")
 
+# %% ../nbs/33_bench.ipynb #7b16c5df
 def _parser() -> argparse.ArgumentParser:
-    p = CommandLine(prog="python -m domino_research.bench", description="domino_research benchmarks: loss, decode, data and memory",
-                    renamed={"n_prompts": "n_eval_prompts"})
-    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data,memory}")   # internal subcommands stay unlisted
+    p = CommandLine(
+        prog="python -m domino_research.bench",
+        description="domino_research benchmarks: loss, decode, data and memory",
+        renamed={"n_prompts": "n_eval_prompts"},
+    )
+    # internal subcommands stay unlisted
+    sub = p.add_subparsers(dest="command", required=True, metavar="{loss,decode,data,memory}")
     _add_loss_parser(sub)
     _add_decode_parser(sub)                                               # the "Decoding" cell below
     _add_data_parser(sub)                                                 # the "Data" cell below
     _add_memory_parser(sub)                                               # the "Memory" cell below
     return p
 
+# %% ../nbs/33_bench.ipynb #1050ecf8
 def main(argv=None):
     a = _parser().parse_args(argv)
     try: a.func(a)
     except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
 
 # %% ../nbs/33_bench.ipynb #f68f2943
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ro", "ta", "shi", "ven", "dor", "al", "ex", "in", "on", "ur", "pe", "qua", "sto", "be")
@@ -216,11 +271,11 @@ def synthetic_chat_rows(n: int, seed: int = 0):
         if rng.random() < 0.2: turns += [{"role": "user", "content": text(4, 16)}, {"role": "assistant", "content": text(20, 60)}]
         yield {"messages": turns}
 
+# %% ../nbs/33_bench.ipynb #fa6a436a
 def write_synthetic_chats(path, n: int, seed: int = 0) -> Path:
     with open(path, "w") as f:
         for row in synthetic_chat_rows(n, seed): f.write(json.dumps(row) + "\n")
     return Path(path)
-
 
 # %% ../nbs/33_bench.ipynb #bb5c51f5
 def data_step(mode: str, data: str, tokenizer: str, cache_dir: str, seq_length: int, num_proc: int) -> dict:
@@ -234,19 +289,30 @@ def data_step(mode: str, data: str, tokenizer: str, cache_dir: str, seq_length: 
         import pyarrow.compute as pc
         pc.min(ds.with_format("arrow")["first_label"])                   # what the recipe's anchor check reads
     else: ds, stats = build_chat_dataset(tok, load_chat_rows(data), seq_length, verbose=False)
-    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024   # the largest map worker (Linux: KiB)
-    return dict(mode=mode, seconds=round(time.perf_counter() - t0, 2), cpu_s=round(_cpu_s() - c0, 2), peak_rss_mb=round(_maxrss_mb(), 1),
-                worker_peak_rss_mb=round(workers, 1), rows=stats["rows"], kept=stats["kept"], tokens=stats["tokens"])
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest map worker (Linux: KiB)
+    return dict(
+        mode=mode,
+        seconds=round(time.perf_counter() - t0, 2),
+        cpu_s=round(_cpu_s() - c0, 2),
+        peak_rss_mb=round(_maxrss_mb(), 1),
+        worker_peak_rss_mb=round(workers, 1),
+        rows=stats["rows"],
+        kept=stats["kept"],
+        tokens=stats["tokens"],
+    )
 
+# %% ../nbs/33_bench.ipynb #a3352057
 def _process_tree(pid: int) -> list[int]:
     "`pid` and its descendants (Linux /proc)."
     out, todo = [], [pid]
     while todo:
-        p = todo.pop(); out.append(p)
+        p = todo.pop()
+        out.append(p)
         try: todo += [int(c) for t in os.listdir(f"/proc/{p}/task") for c in open(f"/proc/{p}/task/{t}/children").read().split()]
         except OSError: pass
     return out
 
+# %% ../nbs/33_bench.ipynb #843dcc11
 def _sample_anon_peaks(pid: int, stop: threading.Event, peaks: dict, every_s: float = 0.1):
     """Peak `RssAnon` (MB) of `pid` ("main") and of its largest descendant ("workers"), sampled every `every_s`.
     Anonymous memory is what a process allocates; its resident set also counts the pages of memory-mapped Arrow files
@@ -255,22 +321,28 @@ def _sample_anon_peaks(pid: int, stop: threading.Event, peaks: dict, every_s: fl
         for p in _process_tree(pid):
             try: mb = int(next(l for l in open(f"/proc/{p}/status") if l.startswith("RssAnon")).split()[1]) / 1024
             except (OSError, StopIteration, ValueError): continue
-            k = "main" if p == pid else "workers"; peaks[k] = max(peaks.get(k, 0.0), mb)
+            k = "main" if p == pid else "workers"
+            peaks[k] = max(peaks.get(k, 0.0), mb)
         stop.wait(every_s)
 
+# %% ../nbs/33_bench.ipynb #9b46116b
 def _run_data_step(mode: str, **kw) -> dict:
     "`data_step` in a fresh interpreter; `launch_s` also counts its start and imports, as a relaunch pays them."
     cmd = [sys.executable, "-m", "domino_research.bench", "_data_step", "--mode", mode]
     for k, v in kw.items(): cmd += [f"--{k}", str(v)]
     t0, peaks, stop = time.perf_counter(), {}, threading.Event()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampler = threading.Thread(target=_sample_anon_peaks, args=(proc.pid, stop, peaks), daemon=True); sampler.start()
-    out, err = proc.communicate(); stop.set(); sampler.join()
+    sampler = threading.Thread(target=_sample_anon_peaks, args=(proc.pid, stop, peaks), daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    stop.set()
+    sampler.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"bench data: the {mode} step failed (exit {proc.returncode}); command: {' '.join(cmd)}\n{err[-3000:]}")
+        raise RuntimeError(
+            f"bench data: the {mode} step failed (exit {proc.returncode}); command: {' '.join(cmd)}\n{err[-3000:]}"
+        )
     return {**json.loads(out.strip().splitlines()[-1]), "launch_s": round(time.perf_counter() - t0, 2),
             "peak_anon_mb": round(peaks.get("main", 0.0), 1), "worker_peak_anon_mb": round(peaks.get("workers", 0.0), 1)}
-
 
 # %% ../nbs/33_bench.ipynb #646f106d
 def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int | None = None, legacy_rows: int | None = None,
@@ -294,16 +366,30 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
     legacy_rows_per_s = legacy["rows"] / legacy["seconds"]
     legacy_est = rows / legacy_rows_per_s                                # today's path on all rows, at its measured rate
     legacy_launch_est = legacy["launch_s"] - legacy["seconds"] + legacy_est   # + the start and imports it pays like any launch
-    return dict(rows=rows, tokens=first["tokens"], tokens_per_row=round(first["tokens"] / max(first["kept"], 1), 1),
-                data_mb=round(data_mb, 1), tokenizer=tok, seq_length=seq_length, num_proc=num_proc,
-                first_launch=first, cached_relaunch=cached,
-                legacy=dict(legacy, measured_on_rows=legacy_rows, rows_per_s=round(legacy_rows_per_s, 1),
-                            rss_per_row_kb=round(legacy["peak_rss_mb"] * 1024 / legacy_rows, 2),
-                            estimated_s_for_all_rows=round(legacy_est, 1), estimated_launch_s_for_all_rows=round(legacy_launch_est, 1)),
-                cached_speedup_vs_legacy=round(legacy_launch_est / cached["launch_s"], 1),    # launch to launch, imports on both sides
-                cached_work_speedup_vs_legacy=round(legacy_est / max(cached["seconds"], 0.01), 1),   # the data work alone
-                first_launch_speedup_vs_legacy=round(legacy_launch_est / first["launch_s"], 2),
-                torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"))
+    return dict(
+        rows=rows,
+        tokens=first["tokens"],
+        tokens_per_row=round(first["tokens"] / max(first["kept"], 1), 1),
+        data_mb=round(data_mb, 1),
+        tokenizer=tok,
+        seq_length=seq_length,
+        num_proc=num_proc,
+        first_launch=first,
+        cached_relaunch=cached,
+        legacy=dict(
+            legacy,
+            measured_on_rows=legacy_rows,
+            rows_per_s=round(legacy_rows_per_s, 1),
+            rss_per_row_kb=round(legacy["peak_rss_mb"] * 1024 / legacy_rows, 2),
+            estimated_s_for_all_rows=round(legacy_est, 1),
+            estimated_launch_s_for_all_rows=round(legacy_launch_est, 1),
+        ),
+        # launch to launch, imports on both sides
+        cached_speedup_vs_legacy=round(legacy_launch_est / cached["launch_s"], 1),
+        cached_work_speedup_vs_legacy=round(legacy_est / max(cached["seconds"], 0.01), 1),  # the data work alone
+        first_launch_speedup_vs_legacy=round(legacy_launch_est / first["launch_s"], 2),
+        torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
+    )
 
 
 # %% ../nbs/33_bench.ipynb #f24fd642
@@ -315,23 +401,32 @@ def _add_data_parser(sub):
     p.add_argument("--num_proc", type=_pos, default=d["num_proc"], help="processes building the cache (None: min(8, CPUs))")
     p.add_argument("--legacy_rows", type=_pos, default=d["legacy_rows"], help="rows for today's path (None: all; it is slow)")
     p.add_argument("--seq_length", type=_pos, default=d["seq_length"])
-    p.add_argument("--workdir", default=d["workdir"], help="where the temporary data and cache go (None: the system's temp folder)")
+    p.add_argument(
+        "--workdir", default=d["workdir"], help="where the temporary data and cache go (None: the system's temp folder)"
+    )
     p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_data)
     q = sub.add_parser("_data_step")                                      # internal: what bench_data runs in each subprocess
     q.add_argument("--mode", required=True, choices=["cached", "legacy"])
     for k in ("data", "tokenizer", "cache_dir"): q.add_argument(f"--{k}", required=True)
     for k in ("seq_length", "num_proc"): q.add_argument(f"--{k}", type=int, required=True)
-    q.set_defaults(func=lambda a: print(json.dumps(data_step(a.mode, a.data, a.tokenizer, a.cache_dir, a.seq_length, a.num_proc))))
+    q.set_defaults(
+        func=lambda a: print(json.dumps(data_step(a.mode, a.data, a.tokenizer, a.cache_dir, a.seq_length, a.num_proc)))
+    )
 
+# %% ../nbs/33_bench.ipynb #0f7ea56a
 def _cmd_data(a):
     r = bench_data(a.rows, a.tokenizer, a.num_proc, a.legacy_rows, a.seq_length, a.workdir)
-    if a.json: print(dumps_strict(r)); return
+    if a.json:
+        print(dumps_strict(r))
+        return
     for k in ("rows", "tokens", "num_proc"): print(f"{k:>28}: {r[k]}")
     for k in ("first_launch", "cached_relaunch", "legacy"):
-        print(f"{k:>28}: {r[k]['launch_s']} s, peak RSS {r[k]['peak_rss_mb']} MB (workers {r[k]['worker_peak_rss_mb']} MB), {r[k]['rows']} rows")
+        print(
+            f"{k:>28}: {r[k]['launch_s']} s, peak RSS {r[k]['peak_rss_mb']} MB (workers {r[k]['worker_peak_rss_mb']} MB), "
+            f"{r[k]['rows']} rows"
+        )
     print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
-
 
 # %% ../nbs/33_bench.ipynb #a1e0c0d2
 def _add_memory_parser(sub):
@@ -346,12 +441,14 @@ def _add_memory_parser(sub):
     p.add_flag("json", False, help="print the JSON line only")
     p.set_defaults(func=_cmd_memory)
 
+# %% ../nbs/33_bench.ipynb #0efc1837
 def _cmd_memory(a):
     try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
                             shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
                             gradient_checkpointing=a.gradient_checkpointing)
     except (ValueError, OSError) as e:
-        print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+        print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
     if not a.json: print(memory_table(r))
     print(dumps_strict(r))
 
@@ -360,35 +457,60 @@ def _seed_or_none(s):
     "An argparse `type`: an integer >= 0, or `none` (the first prompts in file order)."
     return None if s.lower() == "none" else _int_at_least(0)(s)
 
+# %% ../nbs/33_bench.ipynb #92fc22f1
 def _column_or_none(s): return None if s.lower() == "none" else s
 
+# %% ../nbs/33_bench.ipynb #a3a6add7
 def _temperature(s):
     try: v = float(s)
     except ValueError: raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
     if not 0.0 <= v < float("inf"): raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0: greedy), got {s}")
     return v
 
+# %% ../nbs/33_bench.ipynb #b1051626
 def _add_decode_parser(sub):
     d = signature_defaults(decode_bench)                                  # the defaults are the function's
     p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless")
-    p.add_argument("--draft", default=None, help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir "
-                   "(required with --drafter draft)")
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir (required with --drafter draft)",
+    )
     p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
                    help="draft: the trained draft of --draft; ngram: prompt lookup in prompt + output (no draft, no training)")
-    p.add_argument("--prompt_lookup_min", type=_pos, default=d["prompt_lookup_min"], help="ngram: shortest suffix n-gram to look up")
-    p.add_argument("--prompt_lookup_max", type=_pos, default=d["prompt_lookup_max"], help="ngram: longest suffix n-gram to look up")
+    p.add_argument(
+        "--prompt_lookup_min", type=_pos, default=d["prompt_lookup_min"], help="ngram: shortest suffix n-gram to look up"
+    )
+    p.add_argument(
+        "--prompt_lookup_max", type=_pos, default=d["prompt_lookup_max"], help="ngram: longest suffix n-gram to look up"
+    )
     p.add_argument("--num_speculative_tokens", type=_pos, default=d["num_speculative_tokens"],
                    help="ngram: most tokens proposed per step (block size - 1)")
     p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
-    p.add_argument("--prompts", default=d["prompts"], help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
-                   "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)")
+    p.add_argument(
+        "--prompts",
+        default=d["prompts"],
+        help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
+        "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)",
+    )
     p.add_argument("--prompt_split", default=d["prompt_split"], help="split of a hub dataset / folder with several (e.g. test)")
     p.add_argument("--n_eval_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set and decoded")
-    p.add_argument("--prompt_seed", type=_seed_or_none, default=d["prompt_seed"], help="seed of the prompt sample (none: first rows in file order)")
+    p.add_argument(
+        "--prompt_seed",
+        type=_seed_or_none,
+        default=d["prompt_seed"],
+        help="seed of the prompt sample (none: first rows in file order)",
+    )
     p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
                    help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
     p.add_argument("--max_new_tokens", type=_pos, default=d["max_new_tokens"])
-    p.add_argument("--candidate_k", type=_pos, action="append", default=list(d["candidate_k"]), help="also decode with a top-K candidate pool (repeatable)")
+    p.add_argument(
+        "--candidate_k",
+        type=_pos,
+        action="append",
+        default=list(d["candidate_k"]),
+        help="also decode with a top-K candidate pool (repeatable)",
+    )
     p.add_argument("--temperature", type=_temperature, default=d["temperature"],
                    help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
     p.add_argument("--sample_seed", type=_int_at_least(0), default=d["sample_seed"], help="seed of the draws at temperature > 0")
@@ -400,10 +522,12 @@ def _add_decode_parser(sub):
     p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_decode)
 
+# %% ../nbs/33_bench.ipynb #a824f779
 def _cmd_decode(a):
     if a.drafter == "draft" and a.draft is None:
         print("python -m domino_research.bench decode: error: --draft DIR is required with --drafter draft "
-              "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr); sys.exit(2)
+              "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr)
+        sys.exit(2)
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
@@ -411,7 +535,8 @@ def _cmd_decode(a):
                       prompt_lookup_min=a.prompt_lookup_min, prompt_lookup_max=a.prompt_lookup_max,
                       num_speculative_tokens=a.num_speculative_tokens)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
-        print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+        print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
 
 # %% ../nbs/33_bench.ipynb #cf32aa99
 #| eval: false

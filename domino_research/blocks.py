@@ -17,7 +17,8 @@ __all__ = ['document_bounds', 'NoValidAnchorsError', 'anchor_candidates', 'sampl
 # %% ../nbs/01_blocks.ipynb #b07ed6de
 def document_bounds(position_ids: Tensor,  # [B, S]: 0, 1, 2, ... within each document, restarting at 0 per document
                    ) -> tuple[Tensor, Tensor]:  # start, end: Long[B, S]; token s lies in document [start[s], end[s])
-    "Each token's document span `[start, end)` in a packed row, read off `position_ids` (a document starts where its position is 0)."
+    """Each token's document span `[start, end)` in a packed row, read off `position_ids` (a document starts where its position
+    is 0)."""
     if position_ids.dim() != 2: raise ValueError(f"position_ids must be [B, S], got shape {tuple(position_ids.shape)}")
     pos = position_ids.long()
     B, S = pos.shape
@@ -35,6 +36,7 @@ def document_bounds(position_ids: Tensor,  # [B, S]: 0, 1, 2, ... within each do
 class NoValidAnchorsError(ValueError):
     "No row of the micro-batch has a position that can start a block (sequence too short, or no supervised token)."
 
+# %% ../nbs/01_blocks.ipynb #c437f368
 def _no_anchor_reason(loss_mask: Tensor, block_size: int, packed: bool = False) -> str:
     B, S = loss_mask.shape
     if S < block_size:
@@ -63,13 +65,15 @@ def anchor_candidates(loss_mask: Tensor,   # [B, S]
         cand = cand & (a + block_size <= end[:, :C])                    # no block crosses into the next document
     return cand
 
+# %% ../nbs/01_blocks.ipynb #46951999
 def sample_anchors(loss_mask: Tensor,   # [B, S] 0/1 (or bool): 1 on tokens to learn
                    block_size: int,
                    num_anchors: int,    # max blocks per row
                    generator: torch.Generator | None = None,
                    position_ids: Tensor | None = None,  # [B, S] packed rows: blocks stay inside one document
                   ) -> tuple[Tensor, Tensor]:  # anchor_positions Long[B, N], block_keep Bool[B, N]
-    "Per row, `min(num_anchors, count)` anchors drawn uniformly without replacement from `anchor_candidates`, sorted; padded with (0, False)."
+    """Per row, `min(num_anchors, count)` anchors drawn uniformly without replacement from `anchor_candidates`, sorted; padded
+    with (0, False)."""
     if loss_mask.dim() != 2: raise ValueError(f"loss_mask must be [B, S], got shape {tuple(loss_mask.shape)}")
     if num_anchors < 1: raise ValueError(f"num_anchors must be >= 1, got {num_anchors}")
     B, S = loss_mask.shape
@@ -111,7 +115,10 @@ def block_position_ids(anchor_positions: Tensor,  # [B, N]
     B, N = anchor_positions.shape
     dev = anchor_positions.device
     if position_ids is None: ctx, first = torch.arange(seq_len, device=dev).expand(B, seq_len), anchor_positions   # [B, S]
-    else: ctx = position_ids.long(); first = ctx.gather(1, anchor_positions)                                    # [B, N]
+    # [B, N]
+    else:
+        ctx = position_ids.long()
+        first = ctx.gather(1, anchor_positions)
     blk = first[:, :, None] + torch.arange(block_size, device=dev)                                             # [B, N, bs]
     return torch.cat([ctx, blk.reshape(B, N * block_size)], dim=1)
 
@@ -132,8 +139,9 @@ def block_labels(input_ids: Tensor,         # [B, S]
                  block_size: int,
                  shift_label: bool,
                  position_ids: Tensor | None = None,  # [B, S] packed rows: labels end with the anchor's document
-                ) -> tuple[Tensor, Tensor]: # labels Long[B, N, bs], valid Bool[B, N, bs]
-    "Labels gathered at the clamped label index, and which slots count: index < end of the anchor's document (S unpacked), kept, supervised, k>0 unless shift."
+                ) -> tuple[Tensor, Tensor]:  # labels Long[B, N, bs], valid Bool[B, N, bs]
+    """Labels gathered at the clamped label index, and which slots count: index < end of the anchor's document (S unpacked),
+    kept, supervised, k>0 unless shift."""
     B, S = input_ids.shape
     N = anchor_positions.shape[1]
     idx = label_indices(anchor_positions, block_size, shift_label)           # [B, N, bs]
@@ -155,6 +163,7 @@ def decay_weights(block_size: int, gamma: float | None, shift_label: bool) -> Te
     k = torch.arange(block_size, dtype=torch.float32)
     return torch.exp(-(k - o).clamp(min=0) / gamma)
 
+# %% ../nbs/01_blocks.ipynb #33008aa4
 def loss_weights(valid: Tensor,              # Bool[B, N, bs]
                  gamma: float | None,
                  shift_label: bool,

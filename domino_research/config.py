@@ -36,14 +36,18 @@ def _type_name(tp) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType): return " | ".join(_type_name(a) for a in args)
     if origin is Literal: return "one of " + ", ".join(repr(a) for a in args)
-    if origin is not None: return f"{getattr(origin, '__name__', str(origin))}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
     return str(tp).replace("typing.", "")
 
+# %% ../nbs/00_config.ipynb #21b80a6a
 class _Mismatch(Exception):
     "Internal: value does not fit the annotation (caught and turned into a ConfigError)."
 
+# %% ../nbs/00_config.ipynb #261254b7
 def _coerce(value, tp, key: str, where: str):
-    "Return `value` checked against annotation `tp` (ints widened to float, lists to tuples); raise `_Mismatch` if it does not fit."
+    """Return `value` checked against annotation `tp` (ints widened to float, lists to tuples); raise `_Mismatch` if it does
+    not fit."""
     if tp is Any: return value
     if tp is type(None):
         if value is None: return None
@@ -89,9 +93,12 @@ def _coerce(value, tp, key: str, where: str):
 
 # %% ../nbs/00_config.ipynb #64df793d
 def _is_number_string(v) -> bool:
-    try: float(v); return isinstance(v, str)
+    try:
+        float(v)
+        return isinstance(v, str)
     except (TypeError, ValueError): return False
 
+# %% ../nbs/00_config.ipynb #07dc9a5d
 def _check_value(value, tp, key: str, where: str):
     "`_coerce` with the `ConfigError` message: key, expected type, value and its type."
     try: return _coerce(value, tp, key, where)
@@ -127,10 +134,12 @@ def config_from_dict(cls, d: dict, where: str = "config"):
 
 # %% ../nbs/00_config.ipynb #5c1e0a02
 def ranged(default, spec: str, note: str = ""):
-    "A dataclass field with a default and its valid range (`'>= 1'`, `'> 0'`, `'[0, 1)'`); `note` ends the refusal, e.g. `or null for all rows`."
+    """A dataclass field with a default and its valid range (`'>= 1'`, `'> 0'`, `'[0, 1)'`); `note` ends the refusal, e.g. `or
+    null for all rows`."""
     parse_range(spec)                                  # a typo in a range fails when the class is defined
     return dataclasses.field(default=default, metadata={"range": spec, "range_note": note})
 
+# %% ../nbs/00_config.ipynb #04b708ed
 def parse_range(spec: str) -> tuple:
     "`spec` → (low, low included, high, high included); None for an open end."
     if m := re.fullmatch(r"(>=?)\s*([-+.\w]+)", spec.strip()): return float(m[2]), m[1] == ">=", None, False
@@ -138,16 +147,19 @@ def parse_range(spec: str) -> tuple:
         return float(m[2]), m[1] == "[", float(m[3]), m[4] == "]"
     raise ValueError(f"not a range: {spec!r} (use '>= a', '> a' or an interval such as '[a, b)')")
 
+# %% ../nbs/00_config.ipynb #5fa3b635
 def in_range(value, spec: str) -> bool:
     lo, lo_in, hi, hi_in = parse_range(spec)
     if isinstance(value, float) and not math.isfinite(value): return False
     return (value >= lo if lo_in else value > lo) and (hi is None or (value <= hi if hi_in else value < hi))
 
+# %% ../nbs/00_config.ipynb #705c2b41
 def range_phrase(spec: str, value) -> str:
     "What a value of `value`'s type must be to lie in `spec`: `>= 1`, `in [0, 1)`, `a finite number > 0`."
     say = spec if spec.startswith(">") else f"in {spec}"
     return f"a finite number {say}" if isinstance(value, float) else say
 
+# %% ../nbs/00_config.ipynb #f2716978
 def check_ranges(obj, where: str = "config"):
     "`obj` (a dataclass instance), after refusing the first field whose value lies outside its `ranged` range."
     for f in dataclasses.fields(obj):
@@ -172,7 +184,8 @@ class DFlashConfig:
     "The `dflash_config` of a draft (notebook 31): block/mask/layer contract plus the Domino head fields."
     mask_token_id: int                          # id of the MASK token filling a block (Qwen3: 151669); must be < vocab size
     block_size: int = ranged(16, ">= 2", "a block is the anchor plus at least one proposal")  # tokens per draft block (bs)
-    target_layer_ids: list[int] | None = None   # captured target layers, strictly increasing; None = default rule (`default_target_layer_ids`)
+    # captured target layers, strictly increasing; None = default rule (`default_target_layer_ids`)
+    target_layer_ids: list[int] | None = None
     shift_label: bool = False                   # False: slot k predicts x[a+k] (DFlash); True: x[a+1+k] (Domino recipe)
     projector_type: Literal["domino"] | None = None  # None = DFlash, "domino" = DFlash + GRU/low-rank correction head
     emb_dim: int = ranged(256, ">= 1")          # E, rank of the correction (embed_proj hidden width)
@@ -193,6 +206,7 @@ class DFlashConfig:
 def _fail(key, value, what):
     raise ConfigError(f"dflash_config: {key}={value!r} {what}")
 
+# %% ../nbs/00_config.ipynb #6c3aae16
 @patch
 def validate(self: DFlashConfig, vocab_size: int | None = None, num_target_layers: int | None = None) -> DFlashConfig:
     "Check each field's type and range, then what ties fields together or needs `vocab_size` / `num_target_layers`."
@@ -229,11 +243,13 @@ def resolve_layers(self: DFlashConfig, num_target_layers: int, num_draft_layers:
     if ids is None: ids = default_target_layer_ids(num_target_layers, num_draft_layers)
     return dataclasses.replace(self, target_layer_ids=list(ids)).validate(num_target_layers=num_target_layers)
 
+# %% ../nbs/00_config.ipynb #fa20c251
 @patch
 def to_dict(self: DFlashConfig) -> dict:
     "Plain-JSON dict of all fields (the `dflash_config` object of `config.json`)."
     return dataclasses.asdict(self)
 
+# %% ../nbs/00_config.ipynb #56834bca
 @patch(cls_method=True)
 def from_dict(cls: DFlashConfig, d: dict, where: str = "dflash_config") -> DFlashConfig:
     "Build from a dict (e.g. `config.json['dflash_config']`): unknown/missing/mistyped keys raise `ConfigError`."
@@ -255,9 +271,11 @@ def finite_or_none(obj):
     if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
     return obj
 
+# %% ../nbs/00_config.ipynb #01207a41
 class NoSpaceError(RuntimeError):
     "A write failed because its disk is full; the message names the path, the space needed and the space free."
 
+# %% ../nbs/00_config.ipynb #2bc7b8f4
 def is_disk_full(err: BaseException, folder=None, needed: int = 0) -> bool:
     "Whether `err` is a full disk: `OSError` ENOSPC/EDQUOT, or the same failure as safetensors' and torch's writers word it."
     import errno
@@ -269,28 +287,36 @@ def is_disk_full(err: BaseException, folder=None, needed: int = 0) -> bool:
         return shutil.disk_usage(folder).free < needed
     return False
 
+# %% ../nbs/00_config.ipynb #d055c7a3
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB": return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
 
+# %% ../nbs/00_config.ipynb #60f3f32f
 def no_space(path, needed: int, fix: str = "free some space there or write elsewhere") -> NoSpaceError:
     "The one-line error for a full disk under `path`: what was written, the space it needs, the space left and `fix`."
-    path = Path(path); folder = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    path = Path(path)
+    folder = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(folder).free
     return NoSpaceError(f"no space left on the device of {path}: writing it needs about {format_bytes(needed)} and "
                         f"{format_bytes(free)} is free; {fix}")
 
+# %% ../nbs/00_config.ipynb #1c5ad1ca
 def write_atomic(path, text: str):
     """Write `text` to `path` through a temp file and a rename: a reader, or a resumed run, sees the old file or the new
     one. A failed write leaves no temp file behind; a full disk is a `NoSpaceError` naming the path."""
-    path = Path(path); tmp = path.with_name(f".{path.name}.tmp")
-    try: tmp.write_text(text, encoding="utf-8"); os.replace(tmp, path)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if is_disk_full(e): raise no_space(path, len(text.encode())) from None
         raise
 
+# %% ../nbs/00_config.ipynb #892e1280
 def dumps_strict(obj, **kw) -> str:
     "`json.dumps` that never writes NaN or Infinity: undefined numbers become null."
     return json.dumps(finite_or_none(obj), allow_nan=False, **kw)

@@ -45,13 +45,16 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
 class ChatDataError(ValueError):
     "Bad chat data: the message names the file/line (or row), the bad value, and what to do."
 
+# %% ../nbs/11_data.ipynb #4469201b
 _ROLES = {"system": "system", "user": "user", "assistant": "assistant",  # messages form
           "human": "user", "gpt": "assistant"}                            # ShareGPT form
 
 def normalize_chat_row(row: dict, where: str) -> dict:
     "Validate one row (ShareGPT `conversations` or `messages`) and return it as `{'messages': [{'role', 'content'}, ...]}`."
     if not isinstance(row, dict):
-        raise ChatDataError(f"{where}: expected a JSON object with 'conversations' or 'messages', got {type(row).__name__}: {str(row)[:80]!r}")
+        raise ChatDataError(
+            f"{where}: expected a JSON object with 'conversations' or 'messages', got {type(row).__name__}: {str(row)[:80]!r}"
+        )
     if row.get("messages") is not None: turns, rk, ck = row["messages"], "role", "content"
     elif row.get("conversations") is not None: turns, rk, ck = row["conversations"], "from", "value"
     else:
@@ -71,7 +74,8 @@ def normalize_chat_row(row: dict, where: str) -> dict:
         if _ROLES[role] == "assistant" and not content.strip():
             raise ChatDataError(f"{where}: turn {i} is an empty assistant turn; remove the row or fill in the answer")
         messages.append({"role": _ROLES[role], "content": content})
-        if _ROLES[role] == "assistant" and turn.get("cut"): messages[-1]["cut"] = True   # ended by max_new_tokens, not by the target
+        # ended by max_new_tokens, not by the target
+        if _ROLES[role] == "assistant" and turn.get("cut"): messages[-1]["cut"] = True
     return {"messages": messages}
 
 # %% ../nbs/11_data.ipynb #621d7e5b
@@ -86,25 +90,34 @@ def _parse_jsonl_line(path, lineno: int, raw: bytes):
         raise ChatDataError(f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno}); "
                             f"fix or remove the line: {line.strip()[:80]!r}") from None
 
+# %% ../nbs/11_data.ipynb #3e70c8d6
 def _jsonl_lines(path):
     "(line number, bytes) of each non-blank line (gunzipped when the name ends in `.gz`), one at a time."
-    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:   # bytes: a line that is not UTF-8 is named like a JSON error
+    # bytes: a line that is not UTF-8 is named like a JSON error
+    with (gzip.open if Path(path).suffix == ".gz" else open)(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if raw.strip(): yield lineno, raw
 
+# %% ../nbs/11_data.ipynb #0f64efa2
 def _read_jsonl(path: Path) -> list[tuple[str, object]]:
     "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
     return [(f"{path} line {n}", _parse_jsonl_line(path, n, raw)) for n, raw in _jsonl_lines(path)]
 
+# %% ../nbs/11_data.ipynb #c5851ea2
 _DATASETS_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 
 def _open_with_datasets(source: str, split: str | None, cache_dir=None) -> datasets.Dataset:
     "A local file/folder or a hub name as a (memory-mapped) `datasets.Dataset`; `cache_dir` is where `datasets` may write."
     p, kw = Path(source), {"split": split or "train", "cache_dir": None if cache_dir is None else str(cache_dir)}
     try:
-        if p.is_dir(): ds = datasets.load_from_disk(str(p)) if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() \
-                            else datasets.load_dataset(str(p), **kw)
-        elif p.exists(): ds = datasets.load_dataset(_DATASETS_BUILDERS.get(p.suffix, p.suffix.lstrip(".")), data_files=str(p), **kw)
+        if p.is_dir():
+            ds = (
+                datasets.load_from_disk(str(p))
+                if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()
+                else datasets.load_dataset(str(p), **kw)
+            )
+        elif p.exists():
+            ds = datasets.load_dataset(_DATASETS_BUILDERS.get(p.suffix, p.suffix.lstrip(".")), data_files=str(p), **kw)
         else: ds = datasets.load_dataset(source, **kw)
     except Exception as e:
         raise ChatDataError(f"could not load chat data {source!r} (split={split!r}) with datasets: {type(e).__name__}: "
@@ -115,15 +128,18 @@ def _open_with_datasets(source: str, split: str | None, cache_dir=None) -> datas
         ds = ds[split] if split is not None else next(iter(ds.values()))
     return ds
 
+# %% ../nbs/11_data.ipynb #9b52626f
 def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, object]]:
     return [(f"{source} row {i}", row) for i, row in enumerate(_open_with_datasets(source, split))]
 
+# %% ../nbs/11_data.ipynb #ab2b8423
 def _looks_like_json_lines(p: Path) -> bool:
     with open(p, encoding="utf-8", errors="replace") as f:   # undecodable bytes: _read_jsonl names their line
         for line in f:
             if line.strip(): return not line.lstrip().startswith("[")
     return True
 
+# %% ../nbs/11_data.ipynb #ef9165cf
 def _chat_source_kind(source) -> str:
     "'jsonl' (read line by line by us) or 'datasets'; an unknown suffix or a missing local path fails here, naming it."
     p = Path(source)
@@ -136,13 +152,14 @@ def _chat_source_kind(source) -> str:
                                 "named 'name' or 'owner/name')")
     return "datasets"
 
+# %% ../nbs/11_data.ipynb #baa1513c
 def load_chat_rows(source, split: str | None = None) -> list[dict]:
-    "Load and validate chat rows from JSONL, parquet/JSON (via `datasets`), a dataset name, or a list of dicts; all rows normalised to messages form."
+    """Load and validate chat rows from JSONL, parquet/JSON (via `datasets`), a dataset name, or a list of dicts; all rows
+    normalised to messages form."""
     if isinstance(source, (list, tuple)): items = [(f"row {i}", r) for i, r in enumerate(source)]
     elif _chat_source_kind(source) == "jsonl": items = _read_jsonl(Path(source))
     else: items = _load_with_datasets(str(source), split)
     return [normalize_chat_row(row, where) for where, row in items]  # validates every row before returning any
-
 
 # %% ../nbs/11_data.ipynb #a1c0ffef
 def read_jsonl(path) -> list[dict]:
@@ -162,8 +179,9 @@ QWEN3_STYLE_CHAT_TEMPLATE = (
 
 QWEN3_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
-def toy_chat_tokenizer(corpus, vocab_size: int = 400, extra_special_tokens=(), chat_template: str | None = QWEN3_STYLE_CHAT_TEMPLATE
-                      ) -> PreTrainedTokenizerFast:
+def toy_chat_tokenizer(
+    corpus, vocab_size: int = 400, extra_special_tokens=(), chat_template: str | None = QWEN3_STYLE_CHAT_TEMPLATE
+) -> PreTrainedTokenizerFast:
     "Train a small byte-level BPE on `corpus` (iterable of str) with Qwen3 special tokens and a Qwen3-style chat template."
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -183,13 +201,16 @@ def _end_of_turn_token(tokenizer) -> str:
     if tokenizer.eos_token: return tokenizer.eos_token
     raise ChatDataError("tokenizer has neither <|im_end|> nor an eos_token: cannot tell where an assistant turn ends")
 
+# %% ../nbs/11_data.ipynb #404b922b
 def _check_chat_template(tokenizer):
     if not getattr(tokenizer, "chat_template", None):
         raise ChatDataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; use the target's "
                             "instruct tokenizer or set tokenizer.chat_template (a Jinja string) before building chat data")
 
+# %% ../nbs/11_data.ipynb #097ae568
 def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tuple[int, int]]:
-    "Character spans [start, end) in the rendered `text` of each assistant turn's content plus its end-of-turn token (not for a `cut` turn)."
+    """Character spans [start, end) in the rendered `text` of each assistant turn's content plus its end-of-turn token (not for
+    a `cut` turn)."""
     spans, cursor = [], 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
@@ -197,12 +218,15 @@ def assistant_char_spans(text: str, messages: list[dict], eot: str) -> list[tupl
             if at >= 0: cursor = at + len(m["content"])  # a template may rewrite system/user text: then just don't move
             continue
         match = None
-        for content in (m["content"], m["content"].split("</think>")[-1].lstrip("\n")):  # Qwen3 moves reasoning out of the content
+        # Qwen3 moves reasoning out of the content
+        for content in (m["content"], m["content"].split("</think>")[-1].lstrip("\n")):
             match = re.compile(re.escape(content) + r"\s*" + re.escape(eot)).search(text, cursor)
             if match: break
         if match is None:
-            raise ChatDataError(f"assistant turn {i} ({m['content'][:40]!r}...) followed by {eot!r} was not found in the "
-                                "chat template's rendering; the template rewrites assistant text, so the loss mask cannot be built")
+            raise ChatDataError(
+                f"assistant turn {i} ({m['content'][:40]!r}...) followed by {eot!r} was not found in the "
+                "chat template's rendering; the template rewrites assistant text, so the loss mask cannot be built"
+            )
         # a cut answer never ended: the target did not say end-of-turn there, so the draft must not learn to
         spans.append((match.start(), match.start() + len(content) if m.get("cut") else match.end()))
         cursor = match.end()
@@ -223,12 +247,15 @@ def render_chat(tokenizer, messages: list[dict], enable_thinking: bool = False) 
     text = tokenizer.apply_chat_template(messages, tokenize=False, enable_thinking=enable_thinking)
     if len(messages) < 2 or messages[-1]["role"] != "assistant": return text
     answer = messages[-1]["content"]
-    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking)
+    prompt = tokenizer.apply_chat_template(
+        messages[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
     if text.startswith(prompt + answer): return text
     # the template rewrote the answer it would have been asked for (Qwen3: an answer cut inside its <think> block gets
     # a second, empty block in front); the target read the prompt and then its own tokens, so that is the context
     return prompt + answer + _end_of_turn_token(tokenizer) + "\n"
 
+# %% ../nbs/11_data.ipynb #fcec3aeb
 def tokenize_chat(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool = False) -> dict:
     "`render_chat` → `input_ids` and a `loss_mask` that is 1 on assistant tokens (incl. end-of-turn), truncated to `seq_length`."
     _check_chat_template(tokenizer)
@@ -246,43 +273,58 @@ def show_loss_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> str
     "The decoded sequence with each supervised run wrapped in `[[` `]]` (for eyeballing a mask)."
     out, run, cur = [], [], None
     for t, m in zip(input_ids, loss_mask):
-        if m != cur and run: out.append(("[[{}]]" if cur else "{}").format(tokenizer.decode(run))); run = []
-        run.append(t); cur = m
+        if m != cur and run:
+            out.append(("[[{}]]" if cur else "{}").format(tokenizer.decode(run)))
+            run = []
+        run.append(t)
+        cur = m
     if run: out.append(("[[{}]]" if cur else "{}").format(tokenizer.decode(run)))
     return "".join(out)
 
 # %% ../nbs/11_data.ipynb #c8fd9f6d
-CHAT_FEATURES = datasets.Features({"input_ids": datasets.List(datasets.Value("int32")), "loss_mask": datasets.List(datasets.Value("int8"))})
+CHAT_FEATURES = datasets.Features(
+    {"input_ids": datasets.List(datasets.Value("int32")), "loss_mask": datasets.List(datasets.Value("int8"))}
+)
 _SKIPPED = {1: "skipped_no_assistant", 2: "skipped_truncated"}   # row status 0 = kept
 
 def _tokenize_row(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool, where: str) -> tuple[dict, int, bool]:
-    "One conversation → (example truncated to `seq_length`, status 0 kept / 1 no assistant turn / 2 none within seq_length, truncated?)."
+    """One conversation → (example truncated to `seq_length`, status 0 kept / 1 no assistant turn / 2 none within seq_length,
+    truncated?)."""
     try: full = tokenize_chat(tokenizer, messages, seq_length=10**12, enable_thinking=enable_thinking)
     except ChatDataError as e: raise ChatDataError(f"{where}: {e}") from None
     ex = {k: v[:seq_length] for k, v in full.items()}
     status = 0 if any(ex["loss_mask"]) else 1 if not any(full["loss_mask"]) else 2
     return ex, status, len(full["input_ids"]) > seq_length
 
+# %% ../nbs/11_data.ipynb #3b1f19f3
 def chat_stats_line(stats: dict, seq_length: int) -> str:
-    return (f"chat data: {stats['kept']}/{stats['rows']} rows kept ({stats['skipped_no_assistant']} without an assistant turn, "
-            f"{stats['skipped_truncated']} with no assistant token within seq_length={seq_length} skipped; {stats['truncated']} truncated), "
-            f"{stats['tokens']} tokens, {stats['supervised_tokens']} supervised")
+    return (
+        f"chat data: {stats['kept']}/{stats['rows']} rows kept ({stats['skipped_no_assistant']} without an assistant turn, "
+        f"{stats['skipped_truncated']} with no assistant token within seq_length={seq_length} skipped; {stats['truncated']} "
+        f"truncated), "
+        f"{stats['tokens']} tokens, {stats['supervised_tokens']} supervised"
+    )
 
+# %% ../nbs/11_data.ipynb #787c8785
 def build_chat_dataset(tokenizer, rows, seq_length: int, enable_thinking: bool = False, verbose: bool = True):
-    "Tokenise chat rows in memory → (`datasets.Dataset` with `input_ids`, `loss_mask`; stats dict). Rows without a supervised token are skipped and counted."
+    """Tokenise chat rows in memory → (`datasets.Dataset` with `input_ids`, `loss_mask`; stats dict). Rows without a supervised
+    token are skipped and counted."""
     _check_chat_template(tokenizer)
     rows = [normalize_chat_row(r, f"row {i}") for i, r in enumerate(rows)]
     cols = {"input_ids": [], "loss_mask": []}
     stats = dict(rows=len(rows), kept=0, skipped_no_assistant=0, skipped_truncated=0, truncated=0, tokens=0, supervised_tokens=0)
     for i, r in enumerate(rows):
         ex, status, truncated = _tokenize_row(tokenizer, r["messages"], seq_length, enable_thinking, f"row {i}")
-        if status: stats[_SKIPPED[status]] += 1; continue
+        if status:
+            stats[_SKIPPED[status]] += 1
+            continue
         stats["truncated"] += truncated
-        stats["kept"] += 1; stats["tokens"] += len(ex["input_ids"]); stats["supervised_tokens"] += sum(ex["loss_mask"])
+        stats["kept"] += 1
+        stats["tokens"] += len(ex["input_ids"])
+        stats["supervised_tokens"] += sum(ex["loss_mask"])
         for k in cols: cols[k].append(ex[k])
     if verbose: print(chat_stats_line(stats, seq_length))
     return datasets.Dataset.from_dict(cols, features=CHAT_FEATURES), stats
-
 
 # %% ../nbs/11_data.ipynb #1306e909
 CHAT_CACHE_VERSION = 1   # bump whenever the same inputs would give other cached rows (tokenisation, masks, columns, stats)
@@ -292,9 +334,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
     parts = [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
+# %% ../nbs/11_data.ipynb #cb7f61f6
 def _content_digest(path) -> str:
     with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()   # streamed: constant memory
 
+# %% ../nbs/11_data.ipynb #b4b6bc70
 def _source_identity(source) -> list:
     "What the rows are read from: a local file's bytes, a local folder's files and bytes, else (a hub dataset) its name."
     p = Path(source)
@@ -302,12 +346,12 @@ def _source_identity(source) -> list:
     if p.is_dir(): return ["folder", [[str(q.relative_to(p)), _content_digest(q)] for q in sorted(p.rglob("*")) if q.is_file()]]
     return ["name", str(source)]
 
+# %% ../nbs/11_data.ipynb #b3498b1f
 def chat_cache_key(source, tokenizer, seq_length: int, enable_thinking: bool = False, max_samples: int | None = None) -> str:
     "Digest of everything the tokenised rows depend on: a cache is reused only under the same key."
     parts = dict(version=CHAT_CACHE_VERSION, source=_source_identity(source), tokenizer=tokenizer_fingerprint(tokenizer),
                  seq_length=seq_length, enable_thinking=bool(enable_thinking), max_samples=max_samples)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
 
 # %% ../nbs/11_data.ipynb #609a0f5b
 _CACHE_FEATURES = datasets.Features({**CHAT_FEATURES, "first_label": datasets.Value("int32"), "status": datasets.Value("int8"),
@@ -319,42 +363,61 @@ def _jsonl_records(path: str, max_rows: int | None):
         if max_rows is not None and n >= max_rows: return
         yield {"line": lineno, "raw": raw}
 
-def _tokenize_batch(batch: dict, indices: list[int], tokenizer, seq_length: int, enable_thinking: bool, source: str, jsonl: bool) -> dict:
+# %% ../nbs/11_data.ipynb #3296da56
+def _tokenize_batch(
+    batch: dict, indices: list[int], tokenizer, seq_length: int, enable_thinking: bool, source: str, jsonl: bool
+) -> dict:
     "`Dataset.map` function: validate, render, tokenise and truncate a batch of raw rows; every row keeps a status."
     out = {k: [] for k in _CACHE_FEATURES}
     for j, i in enumerate(indices):
         if jsonl: where, row = f"{source} line {batch['line'][j]}", _parse_jsonl_line(source, batch["line"][j], batch["raw"][j])
         else: where, row = f"{source} row {i}", {k: v[j] for k, v in batch.items()}
-        ex, status, truncated = _tokenize_row(tokenizer, normalize_chat_row(row, where)["messages"], seq_length, enable_thinking, where)
+        ex, status, truncated = _tokenize_row(
+            tokenizer, normalize_chat_row(row, where)["messages"], seq_length, enable_thinking, where
+        )
         if status: ex = {"input_ids": [], "loss_mask": []}             # a skipped row is only counted
-        out["input_ids"].append(ex["input_ids"]); out["loss_mask"].append(ex["loss_mask"])
+        out["input_ids"].append(ex["input_ids"])
+        out["loss_mask"].append(ex["loss_mask"])
         out["first_label"].append(ex["loss_mask"].index(1) if not status else -1)   # the earliest possible anchor
-        out["status"].append(status); out["truncated"].append(truncated and not status)
+        out["status"].append(status)
+        out["truncated"].append(truncated and not status)
         out["supervised"].append(sum(ex["loss_mask"]))
     return out
 
+# %% ../nbs/11_data.ipynb #803db71b
 def _column_stats(ds: datasets.Dataset) -> dict:
     "The counts `build_chat_dataset` keeps, by Arrow compute over the memory-mapped columns (no Python loop over rows)."
     t = ds.data
     total = lambda arr: pc.sum(arr).as_py() or 0
-    return dict(rows=len(ds), kept=total(pc.equal(t.column("status"), 0)), skipped_no_assistant=total(pc.equal(t.column("status"), 1)),
-                skipped_truncated=total(pc.equal(t.column("status"), 2)), truncated=total(t.column("truncated")),
-                tokens=total(pc.list_value_length(t.column("input_ids"))), supervised_tokens=total(t.column("supervised")))
-
+    return dict(
+        rows=len(ds),
+        kept=total(pc.equal(t.column("status"), 0)),
+        skipped_no_assistant=total(pc.equal(t.column("status"), 1)),
+        skipped_truncated=total(pc.equal(t.column("status"), 2)),
+        truncated=total(t.column("truncated")),
+        tokens=total(pc.list_value_length(t.column("input_ids"))),
+        supervised_tokens=total(t.column("supervised")),
+    )
 
 # %% ../nbs/11_data.ipynb #f20acf51
 class ChatCacheError(ChatDataError):
     "The data cache folder cannot be used as asked (read-only, full, interrupted): the message names the folder and what to do."
 
+# %% ../nbs/11_data.ipynb #a39c0eb4
 def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable_thinking: bool, max_samples: int | None,
                       num_proc: int, tmp: Path, key: str, stage: dict | None = None) -> dict:
-    "Tokenise `source` into `tmp/rows` (Arrow, `save_to_disk`) and `tmp/stats.json`; returns the stats. `stage['now']` says which step runs."
+    """Tokenise `source` into `tmp/rows` (Arrow, `save_to_disk`) and `tmp/stats.json`; returns the stats. `stage['now']` says
+    which step runs."""
     stage = {} if stage is None else stage
     work = tmp / "work"        # datasets' intermediate files live in the temp folder too, never in ~/.cache
     stage["now"] = "reading the rows"
     if kind == "jsonl":
-        raw = datasets.Dataset.from_generator(_jsonl_records, gen_kwargs=dict(path=source, max_rows=max_samples), cache_dir=str(work),
-                                              features=datasets.Features({"line": datasets.Value("int64"), "raw": datasets.Value("binary")}))
+        raw = datasets.Dataset.from_generator(
+            _jsonl_records,
+            gen_kwargs=dict(path=source, max_rows=max_samples),
+            cache_dir=str(work),
+            features=datasets.Features({"line": datasets.Value("int64"), "raw": datasets.Value("binary")}),
+        )
     else:
         raw = _open_with_datasets(source, None, cache_dir=work)
         if max_samples is not None: raw = raw.select(range(min(max_samples, len(raw))))
@@ -366,16 +429,20 @@ def _build_chat_cache(source: str, kind: str, tokenizer, seq_length: int, enable
                    num_proc=procs if procs > 1 else None, cache_file_name=str(work / "tokenized.arrow"), new_fingerprint=key)
     stats = _column_stats(rows)
     stage["now"] = "saving the tokenised rows"
-    kept = rows.filter(lambda s: [x == 0 for x in s], input_columns="status", batched=True, cache_file_name=str(work / "kept.arrow"))
+    kept = rows.filter(
+        lambda s: [x == 0 for x in s], input_columns="status", batched=True, cache_file_name=str(work / "kept.arrow")
+    )
     # in this process: datasets writes with num_proc through "spawn" workers, which re-import the caller's main module
     kept.select_columns(["input_ids", "loss_mask", "first_label"]).save_to_disk(str(tmp / "rows"))
     shutil.rmtree(work)
     stage["now"] = "checksumming the saved rows"
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted((tmp / "rows").rglob("*")) if p.is_file()}
     sha256 = {name: _content_digest(tmp / name) for name in files}     # checked on every load: a same-size corruption is caught
-    (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files, "sha256": sha256}, indent=2))   # written last
+    # written last
+    (tmp / "stats.json").write_text(json.dumps({**stats, "key": key, "files": files, "sha256": sha256}, indent=2))
     return stats
 
+# %% ../nbs/11_data.ipynb #2eb3c15b
 def _load_chat_cache(path: Path) -> tuple[datasets.Dataset, dict]:
     "A finished cache; raises (the caller rebuilds) if a file is missing, has another size or content, or does not load."
     info = json.loads((path / "stats.json").read_text())
@@ -389,6 +456,7 @@ def _load_chat_cache(path: Path) -> tuple[datasets.Dataset, dict]:
     if len(ds) != info["kept"]: raise OSError(f"{path / 'rows'} holds {len(ds)} rows, {info['kept']} were written")
     return ds, {k: v for k, v in info.items() if k not in ("key", "files", "sha256")}
 
+# %% ../nbs/11_data.ipynb #bf4a9f9b
 def _remove_own_stale_temps(cache_dir: Path):
     "Temp folders that builds killed on this host left behind (their process is gone); nothing else is ever deleted."
     for p in cache_dir.glob(".tmp-chat-*"):
@@ -402,17 +470,21 @@ def _remove_own_stale_temps(cache_dir: Path):
 class CacheBuildInterrupted(KeyboardInterrupt):
     "Ctrl-C during a cache build: the message says which step it stopped in; the temp folder is already removed."
 
+# %% ../nbs/11_data.ipynb #f07c8a72
 @contextlib.contextmanager
 def _ctrl_c_stops_this_process_only():
     """Ctrl-C reaches every process of the terminal's group. Forked tokenising workers inherit this handler and ignore it
     (their parent stops them), so they print no tracebacks; this process raises KeyboardInterrupt, even where `datasets`
     turns it into another error while it waits for its workers."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        yield; return                                          # no handler can be set here / Ctrl-C is meant to be ignored
+        # no handler can be set here / Ctrl-C is meant to be ignored
+        yield
+        return
     owner, hit = os.getpid(), []
     def on_ctrl_c(signum, frame):
         if os.getpid() != owner: return
-        hit.append(True); raise KeyboardInterrupt
+        hit.append(True)
+        raise KeyboardInterrupt
     previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         yield
@@ -422,15 +494,18 @@ def _ctrl_c_stops_this_process_only():
         raise
     finally: signal.signal(signal.SIGINT, previous)
 
+# %% ../nbs/11_data.ipynb #dc9d8343
 def _writable(folder: Path) -> bool:
     "Whether this process may create files in `folder`: `os.access` sees the permission bits and a read-only mount."
     return os.access(folder, os.W_OK | os.X_OK)
 
+# %% ../nbs/11_data.ipynb #b8c6eecc
 _BUILD_SPACE_FACTOR = 9   # bound on a build's peak bytes / the JSONL's bytes (embedded validation data: 5.8)
 
 def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
+# %% ../nbs/11_data.ipynb #9aabbe20
 def _full_disk_error(e: BaseException) -> OSError | None:
     "The full-disk `OSError` behind `e`, if any: `datasets` wraps a writer's ENOSPC in its own DatasetGenerationError."
     while e is not None:
@@ -438,15 +513,23 @@ def _full_disk_error(e: BaseException) -> OSError | None:
         e = e.__cause__ or e.__context__
     return None
 
+# %% ../nbs/11_data.ipynb #5ad7c5f2
 def _disk_full(cache_dir: Path, source: str, tmp: Path, what: str, e: OSError) -> ChatCacheError:
     "One line: the full folder, what the build had written when it stopped, and about how much it needs."
     written, mb = _folder_bytes(tmp), lambda b: f"{b / 1e6:.1f} MB"
-    need = (f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file, a safe "
-            "bound: a raw copy and up to three copies of the tokenised rows)") if Path(source).is_file() else f"more than {mb(written)}"
+    need = (
+        (
+            f"about {mb(_BUILD_SPACE_FACTOR * Path(source).stat().st_size)} ({_BUILD_SPACE_FACTOR} x the data file, a safe "
+            "bound: a raw copy and up to three copies of the tokenised rows)"
+        )
+        if Path(source).is_file()
+        else f"more than {mb(written)}"
+    )
     return ChatCacheError(f"data_cache_dir {cache_dir} is full ({e.strerror}): the build of {source} stopped while {what} "
                           f"after writing {mb(written)}; it needs {need} free there. Free space or point data_cache_dir at a "
                           "larger disk (its temp folder is removed)")
 
+# %% ../nbs/11_data.ipynb #dbd947f0
 def _ready_to_build(cache_dir: Path, final: Path, source: str):
     "Create `cache_dir`; a folder this process cannot write is refused here, naming it, before any work."
     fix = (f"build it where the folder can be written (python -m domino_research.data build {source} --cache_dir {cache_dir} "
@@ -457,12 +540,14 @@ def _ready_to_build(cache_dir: Path, final: Path, source: str):
         raise ChatCacheError(f"data_cache_dir {cache_dir} is read-only and has no finished cache {final.name} of {source} "
                              f"with these settings: {fix}")
 
+# %% ../nbs/11_data.ipynb #2416aa25
 def _check_has_rows(source: str, kind: str):
     "An empty JSONL is named here (datasets would only say that the split 'corresponds to no data')."
     if kind == "jsonl" and next(_jsonl_lines(source), None) is None:
         raise ChatDataError(f"{source}: no rows (the file is empty or blank); write one chat per line, e.g. "
                             '{"messages": [{"role": "user", ...}, {"role": "assistant", ...}]}, or use another data file')
 
+# %% ../nbs/11_data.ipynb #bb907910
 def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_thinking: bool = False,
                         max_samples: int | None = None, num_proc: int = 1, verbose: bool = True, build: bool = True,
                         poll_s: float = 2.0) -> tuple[datasets.Dataset, dict]:
@@ -475,10 +560,15 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
     key = chat_cache_key(source, tokenizer, seq_length, enable_thinking, max_samples)
     final, ds = cache_dir / f"chat-{key}", None
     while not build:                                           # a file poll, not a collective: no process-group timeout
-        try: ds, stats = _load_chat_cache(final); how = "cached in"; break
+        try:
+            ds, stats = _load_chat_cache(final)
+            how = "cached in"
+            break
         except Exception: time.sleep(poll_s)                   # not built yet, or being rebuilt
     if ds is None and final.exists():                          # a finished cache is only read: a read-only folder serves
-        try: ds, stats = _load_chat_cache(final); how = "cached in"
+        try:
+            ds, stats = _load_chat_cache(final)
+            how = "cached in"
         except Exception as e:                                 # damaged: set aside (never deleted) and rebuilt
             why = " ".join(str(e).split())[:200]
             if not _writable(cache_dir):
@@ -498,7 +588,9 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
             t0 = time.perf_counter()
             with _ctrl_c_stops_this_process_only():
                 _build_chat_cache(source, kind, tokenizer, seq_length, enable_thinking, max_samples, num_proc, tmp, key, stage)
-            try: os.replace(tmp, final); how = f"built in {time.perf_counter() - t0:.0f} s into"
+            try:
+                os.replace(tmp, final)
+                how = f"built in {time.perf_counter() - t0:.0f} s into"
             except OSError: how = "built by another process into"   # it finished first: its copy is the same
         except KeyboardInterrupt:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -526,21 +618,26 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
     return p
 
+# %% ../nbs/11_data.ipynb #8a2d91d9
 def main(argv=None):
-    "`python -m domino_research.data build DATA --tokenizer DIR --seq_length N --cache_dir DIR`: the key is the run's, so the run then maps it."
-    p = _build_parser(); a = p.parse_args(argv)
+    """`python -m domino_research.data build DATA --tokenizer DIR --seq_length N --cache_dir DIR`: the key is the run's, so the
+    run then maps it."""
+    p = _build_parser()
+    a = p.parse_args(argv)
     for k in ("seq_length", "num_proc", "max_samples"):
         if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
     from transformers import AutoTokenizer
-    warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"   # one line each (a damaged cache), no source excerpt
+    # one line each (a damaged cache), no source excerpt
+    warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"
     try:
         tok = AutoTokenizer.from_pretrained(a.tokenizer)
         cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
     except (ValueError, OSError) as e:      # ChatDataError is a ValueError; a missing file or tokenizer folder an OSError
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt as e:          # Ctrl-C: where it stopped and how to go on, not the workers' tracebacks
-        print(f"interrupted: {str(e) or 'stopped before the build began; nothing was cached'}", file=sys.stderr); sys.exit(130)
-
+        print(f"interrupted: {str(e) or 'stopped before the build began; nothing was cached'}", file=sys.stderr)
+        sys.exit(130)
 
 # %% ../nbs/11_data.ipynb #12506ab2
 #| eval: false
@@ -548,7 +645,8 @@ if __name__ == "__main__": main()
 
 # %% ../nbs/11_data.ipynb #2801e8a3
 def collate_chat(batch: list[dict], pad_token_id: int) -> dict:
-    "Right-pad a list of `{'input_ids', 'loss_mask'(, 'position_ids')}` → Long tensors `input_ids`, `loss_mask`, `attention_mask`(, `position_ids`), each [B, S]."
+    """Right-pad a list of `{'input_ids', 'loss_mask'(, 'position_ids')}` → Long tensors `input_ids`, `loss_mask`,
+    `attention_mask`(, `position_ids`), each [B, S]."""
     S = max(len(ex["input_ids"]) for ex in batch)
     keys = ("input_ids", "loss_mask", "attention_mask") + (("position_ids",) if "position_ids" in batch[0] else ())
     out = {k: torch.zeros(len(batch), S, dtype=torch.long) for k in keys}
@@ -574,6 +672,7 @@ def line_loop(text: str, repeats: int = 3) -> bool:
         if run >= repeats: return True
     return False
 
+# %% ../nbs/11_data.ipynb #4b2b55c9
 def token_cycle(ids, max_period: int = 8, repeats: int = 3, min_tokens: int = 8) -> bool:
     """A block of 1..`max_period` token ids repeated `repeats` times in a row over at least `min_tokens` tokens.
     A stretch of L tokens with period p has ids[j] == ids[j+p] for L - p j's in a row."""
@@ -585,6 +684,7 @@ def token_cycle(ids, max_period: int = 8, repeats: int = 3, min_tokens: int = 8)
             if run >= need: return True
     return False
 
+# %% ../nbs/11_data.ipynb #30bbf5ee
 def loops(text: str, ids) -> bool:
     "Whether an answer loops: a line loop in its text or a token cycle in its ids."
     return line_loop(text) or token_cycle(ids)
@@ -597,7 +697,10 @@ def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
     first, cover = {}, [0] * (len(seq) + 1)                  # cover: +1 where a repeated n-gram starts, -1 past its end
     for s in range(len(seq) - n + 1):
         gram = tuple(seq[s:s + n])
-        if gram in first: cover[s] += 1; cover[s + n] -= 1    # a repeat: its n tokens count
+        # a repeat: its n tokens count
+        if gram in first:
+            cover[s] += 1
+            cover[s + n] -= 1
         else: first[gram] = s                                 # the first occurrence does not
     inside, depth = 0, 0
     for j in range(len(seq)):

@@ -38,9 +38,11 @@ def _rope_parameters(cfg) -> dict:
                           "the draft needs the target's RoPE settings.")
     return {**(getattr(cfg, "rope_scaling", None) or {"rope_type": "default"}), "rope_theta": float(theta)}
 
+# %% ../nbs/03_draft.ipynb #c73b7418
 def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: int, intermediate_size: int | None = None,
                        attn_implementation: str = "sdpa") -> Qwen3Config:
-    "A Qwen3 config for a `num_draft_layers`-deep draft of `target_config` (MLP width: the target's unless given), with the notebook 31 extras."
+    """A Qwen3 config for a `num_draft_layers`-deep draft of `target_config` (MLP width: the target's unless given), with the
+    notebook 31 extras."""
     T, n = target_config.num_hidden_layers, num_draft_layers
     dflash = dflash.resolve_layers(T, n).validate(vocab_size=target_config.vocab_size, num_target_layers=T)
     heads = target_config.num_attention_heads
@@ -97,6 +99,7 @@ def _rope(x, cos, sin):
     "Rotate `x [B, heads, T, d]` by `cos`/`sin [B, T, d]` (HF half-split convention)."
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
+# %% ../nbs/03_draft.ipynb #094eab79
 _compiled_flex = None
 def _flex(q, k, v, block_mask, scale):
     "FlexAttention: compiled on CUDA (its fast path), eager elsewhere (CPU tests; compiled CPU flex is unreliable)."
@@ -142,7 +145,13 @@ class DFlashAttention(nn.Module):
         self.config, self.layer_idx, self.head_dim = config, layer_idx, config.head_dim
         self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
         self.scaling, self.attention_dropout = self.head_dim ** -0.5, config.attention_dropout
-        H, nh, nkv, d, bias = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.attention_bias
+        H, nh, nkv, d, bias = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.attention_bias,
+        )
         self.q_proj = nn.Linear(H, nh * d, bias=bias)
         self.k_proj = nn.Linear(H, nkv * d, bias=bias)
         self.v_proj = nn.Linear(H, nkv * d, bias=bias)
@@ -228,7 +237,9 @@ class DFlashDraftModel(PreTrainedModel):
         if dflash.is_domino:
             G, E = dflash.gru_hidden_dim, dflash.emb_dim
             self.prefix_gru = nn.GRU(H, G, num_layers=1, batch_first=True, bias=False)
-            self.embed_proj = nn.Sequential(nn.Linear(H + G, E, bias=False), HeadActivation(), nn.Linear(E, config.vocab_size, bias=False))
+            self.embed_proj = nn.Sequential(
+                nn.Linear(H + G, E, bias=False), HeadActivation(), nn.Linear(E, config.vocab_size, bias=False)
+            )
         self.post_init()
 
     @property
@@ -264,17 +275,20 @@ def _require_head(draft):
         raise ConfigError("this draft has no Domino head (dflash_config.projector_type is not 'domino'): build it with "
                           "projector_type='domino' to use the head.")
 
+# %% ../nbs/03_draft.ipynb #41b70224
 def gru_dtype(draft) -> torch.dtype:
     "The dtype the head's GRU computes in: its weights' dtype (fp32 or bf16), fp32 for fp16 weights; never fp16."
     dt = draft.prefix_gru.weight_ih_l0.dtype
     return torch.float32 if dt == torch.float16 else dt
 
+# %% ../nbs/03_draft.ipynb #32353ad4
 def _no_autocast(device: torch.device):
     # CUDA autocast casts every RNN (cuDNN's and the cells) to fp16 whatever autocast dtype the run chose, and a bf16
     # run has no loss scaler, so small GRU gradients would underflow: the GRU runs outside autocast, in gru_dtype.
     dev = device.type
     return torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else nullcontext()
 
+# %% ../nbs/03_draft.ipynb #aeb0c7e2
 @patch
 def head_states(self: DFlashDraftModel, embeds: torch.Tensor) -> torch.Tensor:
     "GRU states `[..., L, G]` after reading each prefix of `embeds [..., L, H]` from a zero state (teacher forcing)."
@@ -286,6 +300,7 @@ def head_states(self: DFlashDraftModel, embeds: torch.Tensor) -> torch.Tensor:
         else: out, _ = torch.func.functional_call(gru, {n: p.to(dt) for n, p in gru.named_parameters()}, (x,))
     return out.reshape(*lead, *out.shape[-2:])
 
+# %% ../nbs/03_draft.ipynb #a9c07d33
 @patch
 def head_step(self: DFlashDraftModel, embed: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
     "One GRU step: the state `[N, G]` after reading `embed [N, H]` from state `h [N, G]` (None: zero state)."
@@ -295,11 +310,13 @@ def head_step(self: DFlashDraftModel, embed: torch.Tensor, h: torch.Tensor | Non
     if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=dt)
     with _no_autocast(embed.device): return torch.gru_cell(embed.to(dt), h.to(dt), w_ih, w_hh)
 
+# %% ../nbs/03_draft.ipynb #5a474fd7
 @patch
 def head_input(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     "The head's input `[z ; s]` `[..., H+G]` (the layout `embed_proj.0.weight` was trained on)."
     return torch.cat([z, s.to(z.dtype)], -1)
 
+# %% ../nbs/03_draft.ipynb #e8ee9260
 @patch
 def head_delta(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     "Logit correction `[..., V]` (or `[..., K]` for vocabulary `ids [K]`) of backbone outputs `z` and GRU states `s`."
@@ -308,6 +325,7 @@ def head_delta(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor, ids: to
     u = act(proj_in(self.head_input(z, s)))                                   # [..., E]
     return proj_out(u) if ids is None else F.linear(u, proj_out.weight[ids])
 
+# %% ../nbs/03_draft.ipynb #b75eab0a
 @patch
 def head_ce_inputs(self: DFlashDraftModel) -> dict:
     "What the fused cross-entropy needs besides `head_input`: `proj_in [E, H+G]`, `proj_out [V, E]`, the activation."

@@ -53,6 +53,7 @@ def _check_config_values(cfg, cfg_path: Path):
                                   and getattr(torch, v).is_floating_point):
             raise ConfigError(f"{cfg_path}: `{k}` {v!r} is not a torch floating dtype (e.g. \"bfloat16\", \"float32\")")
 
+# %% ../nbs/31_export.ipynb #7480320f
 def read_draft_config(path) -> dict:
     "The checked `config.json` dict of a draft folder."
     p = Path(path)
@@ -75,7 +76,7 @@ def read_draft_config(path) -> dict:
     _check_config_values(cfg, cfg_path)
     return cfg
 
-
+# %% ../nbs/31_export.ipynb #2f88bd49
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 _ST_MAX_HEADER = 100_000_000                                   # the safetensors format's own limit on its JSON header
@@ -91,16 +92,23 @@ def _bad_tensor_entry(name: str, t, data_bytes: int) -> str | None:
         return f"has data_offsets {offs!r}, not [begin, end]"
     if offs[1] > data_bytes: return f"data_offsets {offs} run past the end of the file's {data_bytes} data bytes (truncated?)"
     if offs[1] - offs[0] != math.prod(shape) * _ST_ITEMSIZE[t["dtype"]]:
-        return f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {t['dtype']} {shape} needs {math.prod(shape) * _ST_ITEMSIZE[t['dtype']]}"
+        need = math.prod(shape) * _ST_ITEMSIZE[t['dtype']]
+        return f"data_offsets {offs} hold {offs[1] - offs[0]} bytes but {t['dtype']} {shape} needs {need}"
     return None
 
+# %% ../nbs/31_export.ipynb #0ab34494
 def read_safetensors_header(path) -> dict[str, tuple[str, list[int]]]:
     "Tensor name → (dtype, shape) of a safetensors file, checked against the file's size; reads the header only."
-    path = Path(path); size = path.stat().st_size
+    path = Path(path)
+    size = path.stat().st_size
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little") if size >= 8 else None
         if n is None or n > size - 8 or n > _ST_MAX_HEADER:
-            what = f"header length {n} bytes but the file holds {size} bytes" if n is not None else f"{size} bytes, too short for a header"
+            what = (
+                f"header length {n} bytes but the file holds {size} bytes"
+                if n is not None
+                else f"{size} bytes, too short for a header"
+            )
             raise ConfigError(f"{path}: {what}: truncated or not a "
                               "safetensors file; re-export the draft")
         try: header = json.loads(f.read(n))
@@ -113,6 +121,7 @@ def read_safetensors_header(path) -> dict[str, tuple[str, list[int]]]:
         out[name] = (t["dtype"], t["shape"])
     return out
 
+# %% ../nbs/31_export.ipynb #525c996a
 def _weights_file(p: Path) -> Path:
     "The draft's `model.safetensors`; a pickled checkpoint is refused without being opened (unpickling runs code)."
     f = p / "model.safetensors"
@@ -124,8 +133,10 @@ def _weights_file(p: Path) -> Path:
                           "trust the file) or re-export the draft with export_draft")
     raise FileNotFoundError(f"{p}: has no model.safetensors; a draft folder holds config.json + model.safetensors")
 
+# %% ../nbs/31_export.ipynb #690f34eb
 def _check_weights_fit_config(cfg: dict, tensors: dict, weights: Path, cfg_path: Path):
-    "The header's layer count and hidden size against config.json, then every tensor's shape against the module built on the meta device (no memory)."
+    """The header's layer count and hidden size against config.json, then every tensor's shape against the module built on the
+    meta device (no memory)."""
     layers = {int(m[1]) for name in tensors if (m := re.match(r"layers\.(\d+)\.", name))}
     if layers != set(range(cfg["num_hidden_layers"])):
         raise ConfigError(f"{cfg_path}: `num_hidden_layers` {cfg['num_hidden_layers']} but {weights.name} holds "
@@ -141,6 +152,7 @@ def _check_weights_fit_config(cfg: dict, tensors: dict, weights: Path, cfg_path:
             raise ConfigError(f"{weights}: tensor {name!r} has shape {have} where {cfg_path.name} implies {want.get(name)}; "
                               "the folder's config and weights are from different drafts")
 
+# %% ../nbs/31_export.ipynb #40a69f53
 def _check_config_fits_target(cfg: dict, target_config, cfg_path: Path):
     "The sizes a target fixes, before the draft is built (the full pairing check is decode.check_draft_fits)."
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
@@ -148,14 +160,17 @@ def _check_config_fits_target(cfg: dict, target_config, cfg_path: Path):
         if k in cfg and getattr(tc, k, cfg[k]) != cfg[k]:
             raise ConfigError(f"{cfg_path}: `{k}` {cfg[k]} but the target's {k} is {getattr(tc, k)}: a draft of another target")
 
+# %% ../nbs/31_export.ipynb #183b3639
 def check_draft_folder(path, target_config=None) -> dict:
-    "A draft folder's config.json, safetensors header and (if given) the target's config checked against each other; reads no tensor. Returns the config."
+    """A draft folder's config.json, safetensors header and (if given) the target's config checked against each other; reads no
+    tensor. Returns the config."""
     p = Path(path)
     cfg, weights = read_draft_config(p), _weights_file(p)
     if target_config is not None: _check_config_fits_target(cfg, target_config, p / "config.json")
     _check_weights_fit_config(cfg, read_safetensors_header(weights), weights, p / "config.json")
     return cfg
 
+# %% ../nbs/31_export.ipynb #0907ed43
 def load_draft(path, dtype=None, device=None, target_config=None) -> DFlashDraftModel:
     """Load a draft folder (config.json + model.safetensors) written by `export_draft` or `save_pretrained`; eval mode.
     `check_draft_folder` runs first: a malformed folder is one line, before the module is built."""
@@ -168,6 +183,7 @@ def _step_of(p: Path) -> int:
     m = re.fullmatch(r"step-(\d+)", p.name)
     return int(m.group(1)) if m else -1
 
+# %% ../nbs/31_export.ipynb #2e8b2d4d
 def find_draft_dir(run_or_checkpoint) -> Path:
     "The folder holding a saved draft inside a run dir, a checkpoint dir, or a draft dir itself."
     p = Path(run_or_checkpoint)
@@ -180,7 +196,9 @@ def find_draft_dir(run_or_checkpoint) -> Path:
                             f"{p}/checkpoints/step-N/draft/config.json.")
 
 # %% ../nbs/31_export.ipynb #0b7c9a92
-_SHIPPED_IMPORTS = re.compile(r"^(from __future__ import annotations|from fastcore\.basics import patch|from \.\w+ import .*)\n", re.M)
+_SHIPPED_IMPORTS = re.compile(
+    r"^(from __future__ import annotations|from fastcore\.basics import patch|from \.\w+ import .*)\n", re.M
+)
 _ALL = re.compile(r"^__all__ = \[.*?\]\n", re.M | re.S)
 _PATCH_SRC = '''
 def patch(f=None, *, cls_method=False):
@@ -194,7 +212,8 @@ def patch(f=None, *, cls_method=False):
 '''
 
 def modeling_source() -> str:
-    "The self-contained `modeling_dflash.py` of a draft folder: this package's `config` and `draft` modules, freed of the package."
+    """The self-contained `modeling_dflash.py` of a draft folder: this package's `config` and `draft` modules, freed of the
+    package."""
     from domino_research import config as config_mod, draft as draft_mod
     parts = [_ALL.sub("", _SHIPPED_IMPORTS.sub("", inspect.getsource(m))) for m in (config_mod, draft_mod)]
     head = ('"""DFlash / Domino draft modeling code, generated by domino_research.export.modeling_source from the '
@@ -210,10 +229,12 @@ def _table(rows: dict) -> str:
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else f"`{v}`" if isinstance(v, (list, dict)) else str(v)
     return "\n".join(["| | |", "|---|---|", *(f"| {k} | {fmt(v)} |" for k, v in rows.items())])
 
+# %% ../nbs/31_export.ipynb #c6d94ff0
 def _hub_id(name) -> str | None:
     "`org/name` when `name` looks like a Hub repository id (a card's `base_model`), else None."
     return name if isinstance(name, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name).exists() else None
 
+# %% ../nbs/31_export.ipynb #0944c8a4
 def model_card(cfg: dict, info: dict) -> str:
     "The `README.md` of a draft folder from its `config.json` dict and the run's `info` (see `describe_draft`)."
     d, target = cfg["dflash_config"], info.get("target", "unknown")
@@ -245,12 +266,14 @@ def model_card(cfg: dict, info: dict) -> str:
             f"{info.get('license', 'apache-2.0')}; the target's own license applies to its weights."]
     return "\n".join(out) + "\n"
 
+# %% ../nbs/31_export.ipynb #00124f67
 def generation_config(info: dict) -> dict:
     "The `generation_config.json` dict: greedy (the draft proposes, the target decides) and the target's special tokens."
     gen = {"do_sample": False}
     gen.update({k: info[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if info.get(k) is not None})
     return gen
 
+# %% ../nbs/31_export.ipynb #6958ed51
 def describe_draft(draft_dir, info: dict | None = None) -> Path:
     """Complete a draft folder (config.json + model.safetensors) into a self-describing Hugging Face model folder:
     `auto_map` + the run's record in config.json, `modeling_dflash.py`, `generation_config.json`, `README.md`.
@@ -280,15 +303,19 @@ def export_config(draft: DFlashDraftModel, metadata: dict | None = None) -> dict
     cfg.update(model_type="qwen3", architectures=["DFlashDraftModel"], num_hidden_layers=n, block_size=d.block_size,
                layer_types=["full_attention"] * n, rope_theta=float(theta), dflash_config=d.to_dict())
     cfg["rope_parameters"] = {"rope_type": "default", **rope, "rope_theta": float(theta)}
-    cfg.pop("transformers_version", None); cfg["auto_map"] = dict(AUTO_MAP)
+    cfg.pop("transformers_version", None)
+    cfg["auto_map"] = dict(AUTO_MAP)
     if metadata: cfg["domino_research"] = dict(metadata)
     return cfg
 
+# %% ../nbs/31_export.ipynb #37363545
 def export_draft(run_or_checkpoint, out_dir, metadata: dict | None = None, backbone_only: bool = False) -> Path:
     """Write the self-describing serving folder of the draft in a run/checkpoint/draft dir or a model: config.json,
     model.safetensors, then `describe_draft(out_dir, metadata)`. `backbone_only`: leave out a Domino head (a DFlash
     draft for engines that refuse unknown weights, e.g. vLLM); `shift_label` stays as trained."""
-    draft = run_or_checkpoint if isinstance(run_or_checkpoint, DFlashDraftModel) else load_draft(find_draft_dir(run_or_checkpoint))
+    draft = (
+        run_or_checkpoint if isinstance(run_or_checkpoint, DFlashDraftModel) else load_draft(find_draft_dir(run_or_checkpoint))
+    )
     cfg = export_config(draft, metadata)
     sd = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()}
     want = draft_weight_names(len(draft.layers), draft.dflash.is_domino, cfg.get("attention_bias", False))
@@ -299,7 +326,8 @@ def export_draft(run_or_checkpoint, out_dir, metadata: dict | None = None, backb
     if sorted(sd) != want:
         raise ValueError(f"draft state dict does not have the serving names: unexpected {sorted(set(sd) - set(want))}, "
                          f"missing {sorted(set(want) - set(sd))}")
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return describe_draft(out, metadata)
@@ -310,7 +338,8 @@ def push_draft(draft_dir, repo_id: str, private: bool = True, token=None, api=No
     p = Path(draft_dir)
     check_draft_folder(p)
     missing = [f for f in ("README.md", "modeling_dflash.py", "generation_config.json") if not (p / f).is_file()]
-    if missing: raise ConfigError(f"{p}: has no {', '.join(missing)}; run describe_draft({str(p)!r}, info) (or export_draft) first")
+    if missing:
+        raise ConfigError(f"{p}: has no {', '.join(missing)}; run describe_draft({str(p)!r}, info) (or export_draft) first")
     if api is None:
         from huggingface_hub import HfApi
         api = HfApi(token=token)

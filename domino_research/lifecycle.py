@@ -44,6 +44,7 @@ def check_contract(saved: dict, current: dict, where):
 # %% ../nbs/17_lifecycle.ipynb #5b22cd0c
 def _write_json(path, obj): write_atomic(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
 
+# %% ../nbs/17_lifecycle.ipynb #e7cd5ab9
 def read_metrics(path) -> list[dict]:
     "Rows of a `metrics.jsonl`; a line torn by a killed writer (it can only be the last) is dropped with a warning."
     rows, lines = [], Path(path).read_bytes().decode("utf-8", errors="replace").splitlines()
@@ -121,6 +122,7 @@ def _step_dirs(run_dir) -> list[Path]:
     steps = [p for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step-\d+", p.name)] if ck.is_dir() else []
     return sorted(steps, key=lambda p: int(p.name.split("-")[1]))
 
+# %% ../nbs/17_lifecycle.ipynb #b8974135
 def list_checkpoints(run_dir) -> list[Path]:
     "Checkpoints of a run, oldest first: the `step-N` folders that hold a `state.pt`."
     return [p for p in _step_dirs(run_dir) if (p / "state.pt").is_file()]
@@ -163,6 +165,7 @@ def _rng_state(generator: torch.Generator) -> dict:
     return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
             "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
+# %% ../nbs/17_lifecycle.ipynb #98382cb3
 def _set_rng_state(s: dict, generator: torch.Generator):
     generator.set_state(s["anchor_generator"])
     torch.set_rng_state(s["torch"])
@@ -318,6 +321,7 @@ def resume_position(loop: dict, micro_batch_size: int) -> int:
     if "position" in loop: return loop["position"]
     return loop["offset"] * micro_batch_size * loop["world_size"]
 
+# %% ../nbs/17_lifecycle.ipynb #b58a2eae
 def trim_metrics(metrics_file: Path, step: int):
     "Keep the rows of `metrics_file` up to `step`, without the final row: the steps after it are redone."
     if not metrics_file.exists(): return
@@ -361,6 +365,7 @@ def replaced_dir(run_dir) -> Path:
     run_dir = Path(run_dir)
     return run_dir.parent / f".{run_dir.name}.replaced"
 
+# %% ../nbs/17_lifecycle.ipynb #c034653c
 def set_aside(run_dir) -> Optional[Path]:
     "Move an existing, non-empty run out of the way of a new one; returns where it went (None if there was nothing)."
     run_dir, old = Path(run_dir), replaced_dir(run_dir)
@@ -386,6 +391,7 @@ def _inside(path, run_dir) -> bool:
     if path is None: return False
     return path == "latest" or Path(run_dir).resolve() in Path(path).resolve().parents
 
+# %% ../nbs/17_lifecycle.ipynb #83bf897d
 _RUN_FILES = {"config.yaml", "metrics.jsonl", "checkpoints", "plots"}   # what a run writes before its first checkpoint
 
 def _check_overwrite(run_dir: Path):
@@ -424,6 +430,7 @@ def _check_writable(folder: Path, run_dir: Path):
     except OSError as e:
         raise ConfigError(f"output_dir: cannot create {run_dir} ({e.strerror}); choose a writable output_dir") from None
 
+# %% ../nbs/17_lifecycle.ipynb #891431ae
 def _settle_and_check(cfg, say):
     run_dir = cfg.run_dir
     if settle_run_dir(run_dir) == "restored":

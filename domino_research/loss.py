@@ -20,8 +20,10 @@ __all__ = ['naive_dual_ce', 'chunked_dual_ce', 'accept_len', 'lambda_base_schedu
 def _check_dual_ce_args(hidden, lm_head_weight, labels, weights, head_input, proj_in, proj_out, use_delta):
     head = (head_input, proj_in, proj_out)
     if any(h is None for h in head) and not all(h is None for h in head):
-        raise ValueError("dual CE: head_input, proj_in and proj_out must be given together (Domino) or all be None "
-                         f"(DFlash); got None for {[n for n, h in zip(('head_input', 'proj_in', 'proj_out'), head) if h is None]}")
+        raise ValueError(
+            "dual CE: head_input, proj_in and proj_out must be given together (Domino) or all be None "
+            f"(DFlash); got None for {[n for n, h in zip(('head_input', 'proj_in', 'proj_out'), head) if h is None]}"
+        )
     T, H = hidden.shape[0], hidden.shape[-1]
     V = lm_head_weight.shape[0]
     if lm_head_weight.shape != (V, H):
@@ -33,12 +35,14 @@ def _check_dual_ce_args(hidden, lm_head_weight, labels, weights, head_input, pro
                          "masked slots need a valid (e.g. clamped) label and weight 0")
     if head_input is not None:
         K, E = head_input.shape[-1], proj_in.shape[0]
-        if head_input.shape != (T, K): raise ValueError(f"dual CE: head_input must be [T={T}, H+G], got {tuple(head_input.shape)}")
+        if head_input.shape != (T, K):
+            raise ValueError(f"dual CE: head_input must be [T={T}, H+G], got {tuple(head_input.shape)}")
         if proj_in.shape != (E, K): raise ValueError(f"dual CE: proj_in must be [E, H+G={K}], got {tuple(proj_in.shape)}")
         if proj_out.shape != (V, E): raise ValueError(f"dual CE: proj_out must be [V={V}, E={E}], got {tuple(proj_out.shape)}")
     if use_delta is not None and use_delta.shape != (T,):
         raise ValueError(f"dual CE: use_delta must be [T={T}], got {tuple(use_delta.shape)}")
 
+# %% ../nbs/04_loss.ipynb #76a3bcfb
 def _flatten_dual_ce_args(hidden, labels, weights, head_input, use_delta):
     "Accept any leading shape `[..., H]`: flatten to `[T, ...]` (the preds are reshaped back)."
     lead = hidden.shape[:-1]
@@ -93,7 +97,8 @@ def _ce_grad_(z: Tensor, y: Tensor, w: Tensor, scale: float | None) -> tuple[Ten
 # %% ../nbs/04_loss.ipynb #fb578a92
 def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
     """One pass over chunks of slots. `mixes`: list of (cb, cf); for each, the gradients of `cb·S_base + cf·S_final`
-    w.r.t. the inputs flagged in `need` (keys hidden, weight, head). Returns (base_sum, final_sum, base_pred, final_pred, grads)."""
+    w.r.t. the inputs flagged in `need` (keys hidden, weight, head).
+    Returns (base_sum, final_sum, base_pred, final_pred, grads)."""
     with torch.autocast(hidden.device.type, enabled=False):            # this function controls every dtype itself
         T = hidden.shape[0]
         has_w = weights != 0
@@ -113,6 +118,7 @@ def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, 
                 if k in g: g[k] = unp(g[k])
         return bs_, fs_, unp(bp), unp(fp), grads
 
+# %% ../nbs/04_loss.ipynb #fb72938a
 def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, n_w):
     "The pass proper; rows `[0, n_w)` have weight, rows `[n_w, T)` have weight 0 (no gradient work)."
     T, H = hidden.shape
@@ -227,8 +233,17 @@ class _ChunkedDualCE(torch.autograd.Function):
             if abs(float(go_b - cb * s)) <= tol and abs(float(go_f - cf * s)) <= tol: coefs = [s]
             else:                                                           # not the declared mix: recompute exactly
                 hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta = ctx.saved_tensors
-                *_, grads = _dual_ce_pass(hidden, weight, labels, weights, (head_input, proj_in, proj_out, ctx.activation), use_delta,
-                                          ctx.chunk_size, [(float(go_b), float(go_f))], ctx.need)
+                *_, grads = _dual_ce_pass(
+                    hidden,
+                    weight,
+                    labels,
+                    weights,
+                    (head_input, proj_in, proj_out, ctx.activation),
+                    use_delta,
+                    ctx.chunk_size,
+                    [(float(go_b), float(go_f))],
+                    ctx.need,
+                )
                 coefs = [torch.ones_like(go_b)]
         inputs = dict(zip(_INPUTS, ctx.saved_tensors))
         def combine(key, needed):
@@ -237,9 +252,21 @@ class _ChunkedDualCE(torch.autograd.Function):
             # zeros, not None, when the mix gives no gradient (λ = 1): DDP expects every used parameter to get one
             return sum(parts) if parts else torch.zeros_like(inputs[key])
         need = ctx.need
-        return (combine("hidden", need["hidden"]), combine("weight", need["weight"]), None, None,
-                *(combine(k, need["head"] and ctx.needs_input_grad[i]) for i, k in ((4, "head_input"), (5, "proj_in"), (6, "proj_out"))),
-                None, None, None, None, None)
+        return (
+            combine("hidden", need["hidden"]),
+            combine("weight", need["weight"]),
+            None,
+            None,
+            *(
+                combine(k, need["head"] and ctx.needs_input_grad[i])
+                for i, k in ((4, "head_input"), (5, "proj_in"), (6, "proj_out"))
+            ),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 # %% ../nbs/04_loss.ipynb #25d5b5c6
 def _autocast_inputs(hidden, *rest):
@@ -274,7 +301,9 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
     if chunk_size < 1: raise ValueError(f"chunked_dual_ce: chunk_size must be >= 1, got {chunk_size}")
     if lambda_base is not None and not 0.0 <= float(lambda_base) <= 1.0:
         raise ValueError(f"chunked_dual_ce: lambda_base must be in [0, 1] or None, got {lambda_base}")
-    hidden, lm_head_weight, head_input, proj_in, proj_out = _autocast_inputs(hidden, lm_head_weight, head_input, proj_in, proj_out)
+    hidden, lm_head_weight, head_input, proj_in, proj_out = _autocast_inputs(
+        hidden, lm_head_weight, head_input, proj_in, proj_out
+    )
     hidden, labels, weights = hidden.contiguous(), labels.contiguous(), weights.contiguous()
     if head_input is not None: head_input = head_input.contiguous()
     bs_, fs_, bp, fp = _ChunkedDualCE.apply(hidden, lm_head_weight, labels, weights, head_input, proj_in, proj_out,

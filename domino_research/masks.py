@@ -49,6 +49,7 @@ def _block_mask_mod(anchor_positions: Tensor, block_keep: Tensor, seq_len: int, 
         return ctx | own
     return mask_mod
 
+# %% ../nbs/02_masks.ipynb #e050ce4e
 def _grid_mask(anchor_positions, block_keep, seq_len, block_size, context_start=None) -> Tensor:
     "Evaluate the mask_mod on the full broadcast grid: Bool[B, N*bs, S + N*bs]."
     B, N = anchor_positions.shape
@@ -94,10 +95,12 @@ def _dense_for(anchor_positions, block_keep, seq_len, block_size, dtype=torch.fl
     "The dense additive mask, in the scores' dtype (SDPA, eager)."
     return dense_block_mask(anchor_positions, block_keep, seq_len, block_size, dtype=dtype, context_start=context_start)
 
+# %% ../nbs/02_masks.ipynb #b6546f7a
 def _flex_for(anchor_positions, block_keep, seq_len, block_size, dtype=torch.float32, context_start=None) -> BlockMask:
     "The `BlockMask` on the anchors' device (FlexAttention); it holds no scores, so no dtype."
     return flex_block_mask(anchor_positions, block_keep, seq_len, block_size, context_start=context_start)
 
+# %% ../nbs/02_masks.ipynb #5da813a0
 class BlockMaskInterface(GeneralInterface):
     "The block-mask builder of each attention implementation, under transformers' names."
     _global_mapping = {"sdpa": _dense_for, "eager": _dense_for, "flex_attention": _flex_for}

@@ -71,6 +71,7 @@ class RealIntegers(TorchDispatchMode):
 class _NoHook:
     def remove(self): pass
 
+# %% ../nbs/16_memory.ipynb #b3441f90
 def _tracker():
     "A MemTracker (imported here: torch.distributed._tools takes seconds to import) that suits a frozen target."
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -86,13 +87,17 @@ def _tracker():
         def _update_peak_stats(self, peak_state) -> None:
             # only the step's peak is needed: skip MemTracker's per-module peaks (a loop over every module at every op)
             for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]: self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
     return FrozenAwareMemTracker()
 
+# %% ../nbs/16_memory.ipynb #04534f88
 @contextmanager
 def _fake_process_group(world_size: int):
     "A one-process fake group of `world_size` ranks (rank 0), so `fully_shard` keeps a true 1/world shard."
-    if world_size <= 1: yield None; return
+    if world_size <= 1:
+        yield None
+        return
     if dist.is_initialized():
         raise RuntimeError("measure_memory: a process group is already initialised; measure in a fresh process")
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -102,13 +107,16 @@ def _fake_process_group(world_size: int):
         yield init_device_mesh("cpu", (world_size,))
     finally: dist.destroy_process_group()
 
+# %% ../nbs/16_memory.ipynb #5642d19e
 def _storage_bytes(tensors) -> int:
     "Bytes of the distinct storages behind `tensors` (a DTensor: its local shard)."
     seen, n = set(), 0
     for t in tensors:
         t = t.to_local() if hasattr(t, "to_local") else t
         st = t.untyped_storage()
-        if id(st) not in seen: seen.add(id(st)); n += st.nbytes()
+        if id(st) not in seen:
+            seen.add(id(st))
+            n += st.nbytes()
     return n
 
 # %% ../nbs/16_memory.ipynb #mem00013
@@ -149,6 +157,7 @@ def _categories(snap: dict, target_bytes: int, ddp_bytes: int) -> dict:
                 optimizer=by.get("Optstate", 0), activations=by.get("Activation", 0) + by.get("Temp", 0),
                 buffers_other=by.get("Buffer", 0) + by.get("Other", 0), ddp_buckets=ddp_bytes)
 
+# %% ../nbs/16_memory.ipynb #b9fffd1b
 CATEGORIES = ("target", "draft_weights", "gradients", "optimizer", "activations", "buffers_other", "ddp_buckets")
 
 def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1, shard_draft: bool = False,
@@ -186,7 +195,8 @@ def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1
             del out, feats
             peak_fw_bw = next(iter(mt.get_tracker_snapshot("peak").values()))
             torch.nn.utils.clip_grad_norm_(trainer.parameters(), 1.0, foreach=True)
-            opt.step(); opt.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         peak = next(iter(mt.get_tracker_snapshot("peak").values()))
         target_bytes = _storage_bytes(target.parameters())
         grad_bytes = _storage_bytes(p for p in trainer.parameters() if p.requires_grad)   # one copy, as DDP's buckets
@@ -234,6 +244,7 @@ def read_recipe_config(config: str) -> dict:
     if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
     return raw
 
+# %% ../nbs/16_memory.ipynb #98637b58
 def measure_config(config: str, num_processes: int = 1, gradient_as_bucket_view: bool = True, **overrides) -> dict:
     "`measure_memory` at a recipe config's sizes on `num_processes` ranks; `overrides` (None = the file's) win."
     raw = read_recipe_config(config)
@@ -273,6 +284,7 @@ def _local_bytes(params) -> int:
     "Bytes this rank holds of `params` (a sharded DTensor: its local shard)."
     return sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in params)
 
+# %% ../nbs/16_memory.ipynb #5387ea8e
 def format_memory(m: dict) -> str:
     return ("memory per rank (estimate; `bench memory` measures it): "
             + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total") + f"; peak ≈ {m['total']:.2f} GiB")

@@ -24,6 +24,7 @@ def moving_average(ys: list[float], k: int) -> list[float]:
 def _same(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) for x, y in zip(a, b))
 
+# %% ../nbs/19_plots.ipynb #f8027aa3
 def curves(rows: list[dict], keys: list[str]) -> list[tuple[str, list[int], list[float]]]:
     "(label, steps, values) for each key of `keys` some row holds; a key whose values repeat an earlier one joins its label."
     out = []

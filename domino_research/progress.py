@@ -20,6 +20,7 @@ def format_seconds(s: float) -> str:
     h, m = divmod(round(s / 60), 60)
     return f"{h} h {m:02d} min" if h else f"{m} min"
 
+# %% ../nbs/08_progress.ipynb #f7eccdb5
 class Phase:
     """A long phase: a `tqdm.auto` bar with an ETA while it runs, then `done(...)` prints ONE summary line with its time.
 
@@ -28,7 +29,8 @@ class Phase:
         from tqdm.auto import tqdm
         self.name, self.show, self.t0 = name, show, time.perf_counter()
         off = not show or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
-        self.bar = tqdm(total=total, desc=name, unit=unit, disable=off, leave=False, file=sys.stderr, **bar_kw)   # leave=False: the line replaces it
+        # leave=False: the line replaces it
+        self.bar = tqdm(total=total, desc=name, unit=unit, disable=off, leave=False, file=sys.stderr, **bar_kw)
 
     def update(self, n: int = 1, **postfix):
         "Advance the bar by `n`; `postfix` (e.g. `tau=1.42`) shows a running figure beside it."

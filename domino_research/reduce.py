@@ -22,12 +22,14 @@ def _reduce_device(accelerator=None) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
+# %% ../nbs/06_reduce.ipynb #d78a3616
 def _all_reduce(flat: Tensor, op: str = "sum") -> Tensor:
     "SUM (or MIN) `flat` over all ranks, in place, with one collective; nothing without a process group."
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(flat, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
     return flat
 
+# %% ../nbs/06_reduce.ipynb #3940ef77
 def reduce_values(values: Sequence, op: str = "sum", accelerator=None) -> list[float]:
     "SUM or MIN of each of a few numbers or 0-dim tensors over all ranks: one collective, one copy to the host."
     dev = _reduce_device(accelerator)

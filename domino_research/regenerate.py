@@ -26,7 +26,14 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from .config import ConfigError, looks_local, write_atomic
 from .train_config import CommandLine, signature_defaults
-from .data import ChatDataError, _check_chat_template, load_chat_rows, normalize_chat_row, stop_token_ids, tokenizer_fingerprint
+from domino_research.data import (
+    ChatDataError,
+    _check_chat_template,
+    load_chat_rows,
+    normalize_chat_row,
+    stop_token_ids,
+    tokenizer_fingerprint,
+)
 from .target import check_device, check_target_path, load_target
 
 # %% auto #0
@@ -39,7 +46,9 @@ def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
     "The non-assistant messages preceding each assistant answer to (re)generate."
     groups, cur = [], []
     for m in messages:
-        if m["role"] == "assistant": groups.append(cur); cur = []
+        if m["role"] == "assistant":
+            groups.append(cur)
+            cur = []
         else: cur.append(m)
     return groups + ([cur] if cur else [])  # a trailing prompt gets an answer too
 
@@ -51,6 +60,7 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     mask = torch.tensor([[0] * (P - len(s)) + [1] * len(s) for s in seqs], device=device)
     return ids, mask
 
+# %% ../nbs/12_regenerate.ipynb #bce320b5
 @torch.no_grad()
 def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens: int, temperature: float,
                       enable_thinking: bool) -> list[tuple[str, int, bool]]:
@@ -76,34 +86,45 @@ def _generate_answers(target, tokenizer, convs: list[list[dict]], max_new_tokens
 # %% ../nbs/12_regenerate.ipynb #04353474
 class ServerError(OSError): pass
 
+# %% ../nbs/12_regenerate.ipynb #1eea5a3a
 class _Transient(Exception):
     "A fault another try may cure (the connection failed, the server failed with a 5xx or cut its reply short): (what, advice)."
 
+# %% ../nbs/12_regenerate.ipynb #4792ba3c
 def request_seed(seed: int, row: int, turn: int) -> int:
     "A 31-bit seed per (seed, row, turn): a sampled answer does not depend on its batch."
     return int.from_bytes(hashlib.sha256(f"{seed}/{row}/{turn}".encode()).digest()[:4], "little") >> 1
 
+# %% ../nbs/12_regenerate.ipynb #ab3a12ed
 def _shorten(text, n: int = 200) -> str: return " ".join(str(text).split())[:n]
 
+# %% ../nbs/12_regenerate.ipynb #bb7bd937
 def _parse_reply(r, where: str) -> tuple[str, int | None, bool]:
     "A chat completion → (text, completion tokens or None when the server did not count them, finished)."
-    try: choice = r["choices"][0]; msg = choice["message"]; text, thought = msg.get("content") or "", msg.get("reasoning_content")
+    try:
+        choice = r["choices"][0]
+        msg = choice["message"]
+        text, thought = msg.get("content") or "", msg.get("reasoning_content")
     except (KeyError, IndexError, TypeError, AttributeError):
         raise ServerError(f"{where}: the reply has no choices[0].message (got {_shorten(json.dumps(r))}); "
                           "is this an OpenAI-compatible chat completions server?") from None
     for name, value in (("content", text), ("reasoning_content", thought or "")):
         if not isinstance(value, str):
-            raise ServerError(f"{where}: choices[0].message.{name} is a {type(value).__name__} ({_shorten(json.dumps(value), 60)}), not text")
+            raise ServerError(
+                f"{where}: choices[0].message.{name} is a {type(value).__name__} ({_shorten(json.dumps(value), 60)}), not text"
+            )
     if thought: text = f"<think>\n{thought}\n</think>\n\n{text}"        # split off by a reasoning parser
     n = (r.get("usage") or {}).get("completion_tokens") if isinstance(r.get("usage") or {}, dict) else None
     return text, n if isinstance(n, int) and not isinstance(n, bool) else None, choice.get("finish_reason") == "stop"
 
+# %% ../nbs/12_regenerate.ipynb #234ca682
 class OpenAIServer:
     "A running OpenAI-compatible server that serves the target (vLLM, SGLang, ...)."
     backoff = 1.0   # seconds before the first retry of a transient fault, doubled for each next one
 
     def __init__(self, url: str, model: str | None = None, concurrency: int = 64, timeout: float = 600.0, retries: int = 3):
-        if not re.match(r"https?://", str(url)): raise ValueError(f"--server {url!r}: expected an http(s) URL such as http://localhost:8000/v1")
+        if not re.match(r"https?://", str(url)):
+            raise ValueError(f"--server {url!r}: expected an http(s) URL such as http://localhost:8000/v1")
         if concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
         if not timeout > 0: raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
         if retries < 0: raise ValueError(f"--retries must be >= 0, got {retries}")
@@ -117,7 +138,9 @@ class OpenAIServer:
         r = self._request("/models")
         try: return str(r["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
-            raise ServerError(f"--server {self.url}/models: lists no model (got {_shorten(json.dumps(r))}); pass --server_model NAME") from None
+            raise ServerError(
+                f"--server {self.url}/models: lists no model (got {_shorten(json.dumps(r))}); pass --server_model NAME"
+            ) from None
 
     def _request(self, path: str, body: dict | None = None) -> dict:
         "The JSON reply to a GET (no body) or POST; a transient fault is retried `retries` times, waiting backoff, 2·backoff, ..."
@@ -131,8 +154,11 @@ class OpenAIServer:
 
     def _request_once(self, path: str, body: dict | None) -> dict:
         where, key = f"--server {self.url}{path}", os.environ.get("OPENAI_API_KEY")
-        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
+        req = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r: raw = r.read()
         except urllib.error.HTTPError as e:
@@ -149,12 +175,16 @@ class OpenAIServer:
                                   "(raise --timeout if answers take longer)") from None
             if isinstance(e, urllib.error.URLError):                          # no connection at all
                 raise _Transient(f": cannot reach it ({_shorten(reason, 120)})", "start the server or check the URL") from None
-            raise _Transient(f"{path}: the connection broke ({_shorten(reason, 120) or type(reason).__name__})", "see the server's log") from None
+            raise _Transient(
+                f"{path}: the connection broke ({_shorten(reason, 120) or type(reason).__name__})", "see the server's log"
+            ) from None
         try: return json.loads(raw)
         except ValueError as e:
             raise ServerError(f"{where}: the reply is not JSON ({e}): {_shorten(raw.decode(errors='replace'), 100)!r}") from None
 
-    def answer(self, messages, key, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> tuple[str, int | None, bool]:
+    def answer(
+        self, messages, key, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int
+    ) -> tuple[str, int | None, bool]:
         "(text, n_tokens or None, finished) of one answer; `key` = (row, turn) seeds a sampled one."
         body = dict(model=self.model, messages=[{"role": m["role"], "content": m["content"]} for m in messages],
                     max_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=-1, repetition_penalty=1.0,
@@ -162,8 +192,10 @@ class OpenAIServer:
                     **({"seed": request_seed(seed, *key)} if temperature > 0 else {}))
         return _parse_reply(self._request("/chat/completions", body), f"--server {self.url}/chat/completions")
 
+# %% ../nbs/12_regenerate.ipynb #6aec44ba
 def _in_threads(fn, items: list, workers: int):
-    "Yield `(item, fn(item))` as each finishes, `workers` at a time. Daemon threads: on an error or Ctrl-C the caller leaves at once instead of waiting for the requests in flight (each may take up to --timeout)."
+    """Yield `(item, fn(item))` as each finishes, `workers` at a time. Daemon threads: on an error or Ctrl-C the caller leaves
+    at once instead of waiting for the requests in flight (each may take up to --timeout)."""
     todo, finished, stop = queue.SimpleQueue(), queue.SimpleQueue(), threading.Event()
     for it in items: todo.put(it)
     def work():
@@ -171,7 +203,10 @@ def _in_threads(fn, items: list, workers: int):
             try: it = todo.get_nowait()
             except queue.Empty: return
             try: finished.put((it, fn(it), None))
-            except BaseException as e: stop.set(); finished.put((it, None, e))   # raised in the caller; no new work
+            # raised in the caller; no new work
+            except BaseException as e:
+                stop.set()
+                finished.put((it, None, e))
     for _ in range(min(workers, len(items))): threading.Thread(target=work, daemon=True).start()
     try:
         for _ in items:
@@ -183,11 +218,14 @@ def _in_threads(fn, items: list, workers: int):
 # %% ../nbs/12_regenerate.ipynb #ad763ef0
 def _prompts_of(messages: list[dict]) -> list[dict]: return [m for m in messages if m["role"] != "assistant"]
 
+# %% ../nbs/12_regenerate.ipynb #e09de543
 def _check_record(line: bytes, where: str, rows: list[dict]) -> dict:
     "One line of an existing output: a JSON record whose index is a row of the input and whose prompts are that row's."
     try: rec = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ChatDataError(f"{where}: invalid JSON ({e.msg}); this file was not written by regenerate: use another --out") from None
+        raise ChatDataError(
+            f"{where}: invalid JSON ({e.msg}); this file was not written by regenerate: use another --out"
+        ) from None
     i = rec.get("index") if isinstance(rec, dict) else None
     if not isinstance(i, int) or not 0 <= i < len(rows):
         raise ChatDataError(f"{where}: index {i!r} is not a row of the input ({len(rows)} rows); wrong --out file?")
@@ -197,8 +235,10 @@ def _check_record(line: bytes, where: str, rows: list[dict]) -> dict:
                             "the output belongs to another dataset: use a new --out or delete the file")
     return rec
 
+# %% ../nbs/12_regenerate.ipynb #dd68f4a9
 def _read_done(out_path: Path, rows: list[dict]) -> dict[int, dict]:
-    "Rows already written to `out_path` (index → record). Every line is checked before the file is touched; then a torn last line left by a crash is cut off."
+    """Rows already written to `out_path` (index → record). Every line is checked before the file is touched; then a torn last
+    line left by a crash is cut off."""
     if not out_path.exists(): return {}
     raw = out_path.read_bytes()
     body, newline, tail = raw.rpartition(b"\n")  # tail: bytes after the last newline; we always end a row with one
@@ -214,19 +254,24 @@ def _read_done(out_path: Path, rows: list[dict]) -> dict[int, dict]:
             with open(out_path, "ab") as f: f.write(b"\n")
     return {r["index"]: r for r in recs}
 
+# %% ../nbs/12_regenerate.ipynb #fd5ce390
 def _append_rows(f, finished, batch_size: int, wrote):
-    "Append each (index, messages) as it finishes: one write and a flush per row (a killed process keeps it), an fsync per `batch_size` rows (what a machine crash may lose)."
+    """Append each (index, messages) as it finishes: one write and a flush per row (a killed process keeps it), an fsync per
+    `batch_size` rows (what a machine crash may lose)."""
     for n, (i, messages) in enumerate(finished, 1):
-        f.write(json.dumps({"index": i, "messages": messages}, ensure_ascii=False) + "\n"); f.flush()
+        f.write(json.dumps({"index": i, "messages": messages}, ensure_ascii=False) + "\n")
+        f.flush()
         wrote()
         if n % batch_size == 0: os.fsync(f.fileno())
     os.fsync(f.fileno())
 
+# %% ../nbs/12_regenerate.ipynb #d6f1ed7d
 def _sort_output(out_path: Path):
     "Rewrite the file in index order (atomically, temp + rename) if it is not already."
     recs = [json.loads(l) for l in out_path.read_text(encoding="utf-8").splitlines()]
     if [r["index"] for r in recs] != sorted(r["index"] for r in recs): _write_rows(out_path, recs)
 
+# %% ../nbs/12_regenerate.ipynb #9afd47d1
 def _write_rows(out_path: Path, recs: list[dict]):
     "Write records as JSON Lines in row order, atomically."
     write_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(recs, key=lambda r: r["index"])))
@@ -236,8 +281,10 @@ _VOLATILE = ("architectures", "transformers_version", "dtype", "torch_dtype", "u
 
 def _digest(h) -> str: return h.hexdigest()[:16]
 
+# %% ../nbs/12_regenerate.ipynb #c2c46e55
 def target_fingerprint(target) -> str:
-    "Digest of the target's config (without paths, dtype, versions), its generation eos and a 64-value strided bf16 sample of every weight."
+    """Digest of the target's config (without paths, dtype, versions), its generation eos and a 64-value strided bf16 sample of
+    every weight."""
     cfg = {k: v for k, v in target.config.to_dict().items() if k not in _VOLATILE and not k.startswith("_")}
     eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
     h = hashlib.sha256(json.dumps([cfg, eos], sort_keys=True, default=str).encode())
@@ -245,36 +292,52 @@ def target_fingerprint(target) -> str:
         for name, w in sorted(target.state_dict().items()):
             flat = w.reshape(-1)
             sample = flat[:: max(1, flat.numel() // 64)][:64].to("cpu", torch.bfloat16)
-            h.update(f"{name}{tuple(w.shape)}".encode()); h.update(sample.view(torch.int16).numpy().tobytes())
+            h.update(f"{name}{tuple(w.shape)}".encode())
+            h.update(sample.view(torch.int16).numpy().tobytes())
     return _digest(h)
 
+# %% ../nbs/12_regenerate.ipynb #d185597c
 def _name(obj) -> str:
     n = str(getattr(obj, "name_or_path", "") or "")
     return str(Path(n).resolve()) if n and Path(n).exists() else n
 
+# %% ../nbs/12_regenerate.ipynb #54d4bb99
 BATCHES = "longest-prompt-first"   # how rows are grouped into batches: sampled answers depend on it (their seeds are per batch)
 
 def run_identity(target, tokenizer, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> dict:
     "What a regenerated answer depends on: the `<out>.meta.json` record (a server target names itself)."
     name, fingerprint = target.identity() if isinstance(target, OpenAIServer) else (_name(target), target_fingerprint(target))
-    return dict(target=name, target_fingerprint=fingerprint, tokenizer=_name(tokenizer) if tokenizer is not None else None,
-                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None, max_new_tokens=max_new_tokens,
-                temperature=temperature, enable_thinking=enable_thinking, seed=seed, batches=BATCHES)
+    return dict(
+        target=name,
+        target_fingerprint=fingerprint,
+        tokenizer=_name(tokenizer) if tokenizer is not None else None,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        enable_thinking=enable_thinking,
+        seed=seed,
+        batches=BATCHES,
+    )
 
+# %% ../nbs/12_regenerate.ipynb #9d39c1c4
 def meta_path(out_path) -> Path: return Path(out_path).with_name(Path(out_path).name + ".meta.json")
 
+# %% ../nbs/12_regenerate.ipynb #76db29fb
 def identity_diff(old: dict, new: dict) -> list[str]:
     "The settings in which `new` differs from `old`, as 'key: was X, now Y' (the seed and batching only count when sampling)."
     diffs = []
     for key, name in (("target_fingerprint", "target"), ("tokenizer_fingerprint", "tokenizer")):
         if old.get(key) != new[key]:
             diffs.append(f"{name}: was {old.get(name)!r} (fingerprint {old.get(key)}), now {new[name]!r} ({new[key]})")
-    for key in ("max_new_tokens", "temperature", "enable_thinking", "shard") + (("seed", "batches") if new["temperature"] > 0 else ()):
+    for key in ("max_new_tokens", "temperature", "enable_thinking", "shard") + (
+        ("seed", "batches") if new["temperature"] > 0 else ()
+    ):
         was, now = old.get(key), new.get(key)
         if key == "shard": was, now = was or "0/1", now or "0/1"       # no shard recorded: the whole data
         if was != now: diffs.append(f"{key}: was {was!r}, now {now!r}")
     return diffs
 
+# %% ../nbs/12_regenerate.ipynb #bc3acf1b
 def _write_meta(path: Path, meta: dict): write_atomic(path, json.dumps(meta, indent=1) + "\n")
 
 # %% ../nbs/12_regenerate.ipynb #b32c9783
@@ -285,8 +348,10 @@ def parse_shard(spec) -> tuple[int, int]:
         raise ValueError(f"--shard: expected K/N with 0 <= K < N (e.g. 0/4, the first of 4 shards), got {spec!r}")
     return int(m.group(1)), int(m.group(2))
 
+# %% ../nbs/12_regenerate.ipynb #93aa3f60
 def _shard_records(s: Path, k: int, n: int, rows: int) -> list[dict]:
-    "The records of shard `s` (K/N of `rows` input rows), every line checked; a torn line, a stray row or a missing one is refused."
+    """The records of shard `s` (K/N of `rows` input rows), every line checked; a torn line, a stray row or a missing one is
+    refused."""
     recs, seen = [], set()
     with open(s, "rb") as f:
         for n_line, line in enumerate(f, 1):
@@ -298,27 +363,36 @@ def _shard_records(s: Path, k: int, n: int, rows: int) -> list[dict]:
                                     "rerun that shard's command to finish it, then merge") from None
             i = rec.get("index") if isinstance(rec, dict) else None
             if not isinstance(i, int) or not (0 <= i < rows and i % n == k):
-                raise ChatDataError(f"{where}: index {i!r} is not one of the rows of shard {k}/{n} ({k}, {k + n}, ... below {rows}); "
-                                    "not a regenerate output of this shard")
+                raise ChatDataError(
+                    f"{where}: index {i!r} is not one of the rows of shard {k}/{n} ({k}, {k + n}, ... below {rows}); "
+                    "not a regenerate output of this shard"
+                )
             if i in seen: raise ChatDataError(f"{where}: row {i} is written twice")
-            seen.add(i); recs.append(rec)
+            seen.add(i)
+            recs.append(rec)
     if (missing := [i for i in range(k, rows, n) if i not in seen]):
         raise ChatDataError(f"{s}: shard {k}/{n} is unfinished: {len(missing)} of its {len(range(k, rows, n))} rows are missing "
                             f"(rows {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''}); "
                             "rerun its command to finish it, then merge")
     return recs
 
+# %% ../nbs/12_regenerate.ipynb #4e1526fb
 def _check_merge_out(out_path: Path, shards: list[Path]):
     "A merge writes a new file or replaces an earlier merge of the same shards, never anything else."
-    if out_path.resolve() in {s.resolve() for s in shards}: raise ChatDataError(f"--out {out_path}: is one of the shards; pass a new file")
+    if out_path.resolve() in {s.resolve() for s in shards}:
+        raise ChatDataError(f"--out {out_path}: is one of the shards; pass a new file")
     if not out_path.exists() and not meta_path(out_path).exists(): return
     old = _read_meta(meta_path(out_path))
     if (old or {}).get("merged_from") != [str(s.resolve()) for s in shards]:
-        raise ChatDataError(f"--out {out_path}: exists and is not an earlier merge of these shards; a merge replaces nothing else: "
-                            "pass a new --out (or delete that file yourself)")
+        raise ChatDataError(
+            f"--out {out_path}: exists and is not an earlier merge of these shards; a merge replaces nothing else: "
+            "pass a new --out (or delete that file yourself)"
+        )
 
+# %% ../nbs/12_regenerate.ipynb #9f213f11
 def merge_shards(shards, out_path) -> dict:
-    "Join the `--out` files of shards 0/N … N-1/N into `out_path` in row order (refusing unfinished shards, gaps, overlaps, mixed settings, and an `out_path` that is not an earlier merge of the same shards)."
+    """Join the `--out` files of shards 0/N … N-1/N into `out_path` in row order (refusing unfinished shards, gaps, overlaps,
+    mixed settings, and an `out_path` that is not an earlier merge of the same shards)."""
     shards, out_path = [Path(s) for s in shards], Path(out_path)
     metas = []
     for s in shards:
@@ -331,16 +405,22 @@ def merge_shards(shards, out_path) -> dict:
     specs = [parse_shard(m.get("shard", "0/1")) for m in metas]
     n = specs[0][1]
     if sorted(k for k, _ in specs) != list(range(n)) or any(nn != n for _, nn in specs):
-        raise ChatDataError(f"--merge: need each of the shards 0/{n} … {n - 1}/{n} once, got {', '.join(f'{k}/{nn}' for k, nn in specs)}")
+        raise ChatDataError(
+            f"--merge: need each of the shards 0/{n} … {n - 1}/{n} once, got {', '.join(f'{k}/{nn}' for k, nn in specs)}"
+        )
     for s, m in zip(shards[1:], metas[1:]):
         if (diffs := identity_diff({**metas[0], "shard": None}, {**m, "shard": None})):
             raise ChatDataError(f"{s}: generated with other settings than {shards[0]} ({'; '.join(diffs)})")
         if m["rows"] != metas[0]["rows"]:
-            raise ChatDataError(f"{s}: a shard of {m['rows']} input rows, {shards[0]} of {metas[0]['rows']}; merge shards of the same --data and --limit")
+            raise ChatDataError(
+                f"{s}: a shard of {m['rows']} input rows, {shards[0]} of {metas[0]['rows']}; merge shards of the same --data "
+                f"and --limit"
+            )
     order = sorted(range(n), key=lambda j: specs[j][0])                # shard 0 first
     shards, metas = [shards[j] for j in order], [metas[j] for j in order]
     _check_merge_out(out_path, shards)
-    recs = [r for k, s in enumerate(shards) for r in _shard_records(s, k, n, metas[0]["rows"])]   # every shard checked before writing
+    # every shard checked before writing
+    recs = [r for k, s in enumerate(shards) for r in _shard_records(s, k, n, metas[0]["rows"])]
     _write_meta(meta_path(out_path), {**metas[0], "shard": "0/1", "merged_from": [str(s.resolve()) for s in shards]})
     _write_rows(out_path, recs)
     return {"rows": len(recs), "shards": n, "out": str(out_path)}
@@ -350,6 +430,7 @@ def prompt_chars(row: dict) -> int:
     "Characters of a row's prompts (its non-assistant messages): what its batches are sorted by."
     return sum(len(m["content"]) for m in row["messages"] if m["role"] != "assistant")
 
+# %% ../nbs/12_regenerate.ipynb #ee7c1310
 def length_batches(rows: list[dict], idx, batch_size: int) -> list[list[int]]:
     "Rows `idx` in batches of `batch_size`, longest prompts first (ties in index order)."
     order = sorted(idx, key=lambda i: (-prompt_chars(rows[i]), i))
@@ -357,7 +438,8 @@ def length_batches(rows: list[dict], idx, batch_size: int) -> list[list[int]]:
 
 # %% ../nbs/12_regenerate.ipynb #c1ad9b6f
 def _regenerate_batch(answer, rows: list[dict], idx: list[int], stats) -> list[list[dict]]:
-    "Every row's answers, turn by turn; `answer(conversations, keys)` gives one (text, n_tokens, finished) each, keys = (row, turn)."
+    """Every row's answers, turn by turn; `answer(conversations, keys)` gives one (text, n_tokens, finished) each, keys = (row,
+    turn)."""
     plans = [_prompt_groups(r["messages"]) for r in rows]
     history, alive = [[] for _ in rows], [True] * len(rows)
     for r in range(max(map(len, plans))):
@@ -366,27 +448,41 @@ def _regenerate_batch(answer, rows: list[dict], idx: list[int], stats) -> list[l
         for b in active: history[b] += plans[b][r]
         answers = answer([history[b] for b in active], [(idx[b], r) for b in active])
         for b, (text, n, finished) in zip(active, answers):
-            stats["turns"] += 1; stats["new_tokens"] += n or 0; stats["uncounted"] += n is None; stats["unfinished"] += not finished
-            if not text.strip(): stats["empty_answers"] += 1; alive[b] = False; continue
-            history[b].append({"role": "assistant", "content": text, **({} if finished else {"cut": True})})   # cut: no end-of-turn label
+            stats["turns"] += 1
+            stats["new_tokens"] += n or 0
+            stats["uncounted"] += n is None
+            stats["unfinished"] += not finished
+            if not text.strip():
+                stats["empty_answers"] += 1
+                alive[b] = False
+                continue
+            # cut: no end-of-turn label
+            history[b].append({"role": "assistant", "content": text, **({} if finished else {"cut": True})})
     return history
 
+# %% ../nbs/12_regenerate.ipynb #5298d4c9
 @contextlib.contextmanager
 def _batch_rng(target, seed: int):
     "Local sampling draws from torch's global RNG, seeded per batch (a server seeds each request itself)."
     with torch.random.fork_rng(devices=[target.device] if target.device.type == "cuda" else []):
-        torch.manual_seed(seed); yield
+        torch.manual_seed(seed)
+        yield
 
+# %% ../nbs/12_regenerate.ipynb #0c62bfc0
 def _local_rows(target, tokenizer, rows, batches, done, seed: int, stats, kw):
     "(index, messages) of every row still to do, a batch at a time; a batch with any row left is generated whole."
     for idx in batches:
         if all(i in done for i in idx): continue
         with _batch_rng(target, seed + idx[0]):
-            convs = _regenerate_batch(lambda c, _: _generate_answers(target, tokenizer, c, **kw), [rows[i] for i in idx], idx, stats)
+            convs = _regenerate_batch(
+                lambda c, _: _generate_answers(target, tokenizer, c, **kw), [rows[i] for i in idx], idx, stats
+            )
         yield from ((i, m) for i, m in zip(idx, convs) if i not in done)
 
+# %% ../nbs/12_regenerate.ipynb #b7fc840d
 def _server_rows(server, rows, batches, done, seed: int, stats, kw):
-    "(index, messages) of every row still to do, as each finishes: `concurrency` rows in flight, each a chain of requests (one per turn), whatever the batch size."
+    """(index, messages) of every row still to do, as each finishes: `concurrency` rows in flight, each a chain of requests
+    (one per turn), whatever the batch size."""
     def one(i):
         st = collections.Counter()    # per thread; added up by the caller
         (messages,) = _regenerate_batch(lambda c, k: [server.answer(c[0], k[0], seed=seed, **kw)], [rows[i]], [i], st)
@@ -396,10 +492,13 @@ def _server_rows(server, rows, batches, done, seed: int, stats, kw):
         for key, v in st.items(): stats[key] += v
         yield i, messages
 
+# %% ../nbs/12_regenerate.ipynb #95b7ae94
 def _check_settings(max_new_tokens, temperature, batch_size):
     if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if batch_size < 1 or max_new_tokens < 1: raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
 
+# %% ../nbs/12_regenerate.ipynb #9f36a7dc
 def _read_meta(mpath: Path) -> dict | None:
     if not mpath.is_file(): return None
     try: return json.loads(mpath.read_text())
@@ -407,11 +506,14 @@ def _read_meta(mpath: Path) -> dict | None:
         raise ChatDataError(f"{mpath}: not valid JSON, so the rows next to it cannot be checked; delete it to resume "
                             "unchecked, or use a new --out") from None
 
+# %% ../nbs/12_regenerate.ipynb #5ef5795b
 class Interrupted(KeyboardInterrupt): "Ctrl-C during a run; the message says what was kept."
 
+# %% ../nbs/12_regenerate.ipynb #5c09789b
 def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 8,
                enable_thinking: bool = False, seed: int = 0, progress: bool = True, shard: str = "0/1") -> dict:
-    "Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the answer of `target` (a model or an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."
+    """Replace every assistant turn of `rows` (list or anything `load_chat_rows` takes) with the answer of `target` (a model or
+    an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."""
     _check_settings(max_new_tokens, temperature, batch_size)
     server = isinstance(target, OpenAIServer)
     if not server or tokenizer is not None: _check_chat_template(tokenizer)   # a server renders with its own template
@@ -419,7 +521,11 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     k, n = parse_shard(shard)
-    meta = {**run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed), "shard": f"{k}/{n}", "rows": len(rows)}
+    meta = {
+        **run_identity(target, tokenizer, max_new_tokens, temperature, enable_thinking, seed),
+        "shard": f"{k}/{n}",
+        "rows": len(rows),
+    }
     old = _read_meta(mpath)
     if old is not None: old.setdefault("shard", "0/1")          # written before shards existed: the whole data
     has_rows = out_path.is_file() and out_path.stat().st_size > 0
@@ -431,17 +537,25 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     if (other := sorted(i for i in done if i % n != k)):
         raise ChatDataError(f"{out_path}: holds rows {other[:5]} of another shard than {k}/{n}; use this shard's own --out")
     if has_rows and old is None: print(f"{out_path}: no {mpath.name} (written by an older version): resuming unchecked")
-    if old != meta: _write_meta(mpath, meta)   # before the first row; `rows` lets a merge check the shard is complete
-    stats = dict(rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, uncounted=0, empty_answers=0, unfinished=0)
-    kw, batches = dict(max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking), length_batches(rows, mine, batch_size)
+    if old != meta: _write_meta(mpath, meta)  # before the first row; `rows` lets a merge check the shard is complete
+    stats = dict(
+        rows=len(mine), already_done=len(done), written=0, turns=0, new_tokens=0, uncounted=0, empty_answers=0, unfinished=0
+    )
+    kw, batches = (
+        dict(max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking),
+        length_batches(rows, mine, batch_size),
+    )
     t0 = time.time()
     with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(mine), initial=len(done), desc="regenerate",
                                                           unit="row", disable=not progress) as bar:
-        def wrote(): stats["written"] += 1; bar.update(1)
+        def wrote():
+            stats["written"] += 1
+            bar.update(1)
         finished = (_server_rows(target, rows, batches, done, seed, stats, kw) if server else
                     _local_rows(target, tokenizer, rows, batches, done, seed, stats, kw))
         try:
-            with contextlib.closing(finished): _append_rows(f, finished, batch_size, wrote)   # closing: no new requests after an error
+            # closing: no new requests after an error
+            with contextlib.closing(finished): _append_rows(f, finished, batch_size, wrote)
         except KeyboardInterrupt:
             raise Interrupted(f"interrupted; {out_path} keeps the {len(done) + stats['written']} rows written "
                               f"(of {len(mine)}); rerun the same command to resume") from None
@@ -457,27 +571,49 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
 # %% ../nbs/12_regenerate.ipynb #eb69313d
 def _parse_args(argv=None):
     p = CommandLine(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
-    p.add_argument("--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --server or --merge)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: --target; with --server, optional: recorded in the meta)")
-    p.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server serving the target, e.g. http://localhost:8000/v1")
+    p.add_argument(
+        "--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --server or --merge)"
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer folder (default: --target; with --server, optional: recorded in the meta)"
+    )
+    p.add_argument(
+        "--server", default=None, help="base URL of an OpenAI-compatible server serving the target, e.g. http://localhost:8000/v1"
+    )
     p.add_argument("--server_model", default=None, help="model name on the server (default: the first it lists)")
-    p.arguments_from(OpenAIServer.__init__, {                             # the defaults are the server client's
-        "concurrency": "requests in flight to --server (whatever --batch_size)",
-        "timeout": "seconds to wait for one --server answer (the OpenAI client's default)",
-        "retries": "tries after the first when --server drops a connection, fails with a 5xx or cuts a reply short (waits 1, 2, 4, ... s)"})
+    p.arguments_from(
+        OpenAIServer.__init__,
+        {  # the defaults are the server client's
+            "concurrency": "requests in flight to --server (whatever --batch_size)",
+            "timeout": "seconds to wait for one --server answer (the OpenAI client's default)",
+            "retries": "tries after the first when --server drops a connection, fails with a 5xx or cuts a reply short (waits "
+                       "1, 2, 4, ... s)",
+        },
+    )
     p.add_argument("--data", help="chat data: .jsonl (ShareGPT or messages), .json, .parquet, or a dataset name")
     p.add_argument("--split", default=None, help="dataset split (for datasets with several)")
     p.add_argument("--out", required=True, help="output JSONL (messages form); rerun the same command to resume")
-    p.arguments_from(regenerate, {                                        # the defaults are the function's
-        "max_new_tokens": "new tokens per answer at most", "temperature": "0 = greedy",
-        "seed": "sampling seed (used when temperature > 0)", "batch_size": "rows generated together (with --server: rows per fsync)",
-        "enable_thinking": "let a Qwen3 target think"})
+    p.arguments_from(
+        regenerate,
+        {  # the defaults are the function's
+            "max_new_tokens": "new tokens per answer at most",
+            "temperature": "0 = greedy",
+            "seed": "sampling seed (used when temperature > 0)",
+            "batch_size": "rows generated together (with --server: rows per fsync)",
+            "enable_thinking": "let a Qwen3 target think",
+        },
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--shard", default=signature_defaults(regenerate)["shard"], help="K/N: regenerate rows K, K+N, K+2N, ... only (one process or host each)")
+    p.add_argument(
+        "--shard",
+        default=signature_defaults(regenerate)["shard"],
+        help="K/N: regenerate rows K, K+N, K+2N, ... only (one process or host each)",
+    )
     p.add_argument("--merge", nargs="+", metavar="SHARD", help="merge the --out files of all K/N shards into --out, in row order")
     return p.parse_args(argv)
 
+# %% ../nbs/12_regenerate.ipynb #4bcd1b34
 def main(argv=None) -> dict:
     a = _parse_args(argv)
     if a.merge: return merge_shards(a.merge, a.out)
@@ -502,15 +638,19 @@ def main(argv=None) -> dict:
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                       batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed, shard=a.shard)
 
+# %% ../nbs/12_regenerate.ipynb #0c33e7e2
 def cli(argv=None):
     "The command line: every refusal is one line `regenerate: error: ...` and exit status 2; Ctrl-C is one line and 130."
     try: main(argv)
     except KeyboardInterrupt as e:       # the output is closed by now, every row written kept: say so, without a traceback
         print(f"regenerate: {' '.join(str(e).split()) or 'interrupted'}", file=sys.stderr)
-        sys.stdout.flush(); sys.stderr.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(130)                    # now: tearing down torch takes seconds, and requests in flight must not hold the exit
     except (ValueError, OSError) as e:   # bad data, target, settings, --out or server (ChatDataError, ServerError, missing files)
-        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr); sys.exit(2)   # one line, whatever the library wrote
+        # one line, whatever the library wrote
+        print(f"regenerate: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
 
 # %% ../nbs/12_regenerate.ipynb #70896f72
 #| eval: false

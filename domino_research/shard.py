@@ -52,6 +52,7 @@ def no_sync(model, acc, sharded: bool, skip: bool):
     if not skip: return nullcontext()
     return _fsdp_no_sync(model) if sharded else acc.no_sync(model)
 
+# %% ../nbs/18_shard.ipynb #5cfe4718
 @contextmanager
 def _fsdp_no_sync(model):
     model.set_requires_gradient_sync(False)        # gradients accumulate unsharded until the closing micro-batch
@@ -70,6 +71,7 @@ def _state_dict_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, **kw)
 
+# %% ../nbs/18_shard.ipynb #2b62e857
 def param_names(model: torch.nn.Module, optimizer) -> list[str]:
     "The model's parameter names in the optimiser's order: an unsharded `optimizer.state_dict()` numbers them so."
     name = {id(p): n for n, p in model.named_parameters()}

@@ -21,13 +21,16 @@ __all__ = ['freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'lo
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+# %% ../nbs/10_target.ipynb #773fb1a4
 def freeze(model: nn.Module) -> nn.Module:
     "Eval mode and `requires_grad=False` on every parameter (in place); returns the model."
     return model.eval().requires_grad_(False)
 
+# %% ../nbs/10_target.ipynb #083e9e96
 class TargetLoadError(ConfigError, OSError):
     "The target (or its folder) cannot be loaded; the message names the path and what is missing."
 
+# %% ../nbs/10_target.ipynb #7195f0cc
 _WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 def check_device(spec, what: str = "--device"):
@@ -39,8 +42,10 @@ def check_device(spec, what: str = "--device"):
         raise ValueError(f"{what} {spec!r}: this machine has no CUDA device; leave {what} out to run on the CPU")
     return dev
 
+# %% ../nbs/10_target.ipynb #bdf71d51
 def check_target_path(path_or_id, what: str = "target") -> str:
-    "Refuse a folder without config.json or weights, a file, or a local-looking path that does not exist (no hub call); returns the name."
+    """Refuse a folder without config.json or weights, a file, or a local-looking path that does not exist (no hub call);
+    returns the name."""
     s, p = str(path_or_id), Path(path_or_id)
     if p.is_dir():
         if not (p / "config.json").is_file():
@@ -50,9 +55,11 @@ def check_target_path(path_or_id, what: str = "target") -> str:
             raise TargetLoadError(f"{what} {s!r}: the folder has config.json but no weights ({' / '.join(_WEIGHT_FILES)}); "
                                   "copy the weights there or pass the folder that has them")
     elif p.exists(): raise TargetLoadError(f"{what} {s!r} is a file; pass the model folder (config.json + weights)")
-    elif looks_local(s): raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
+    elif looks_local(s):
+        raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
     return s
 
+# %% ../nbs/10_target.ipynb #009615f7
 def load_target(path_or_id, dtype=None, device=None) -> PreTrainedModel:
     "Load a causal LM (folder or hub id) frozen: eval, no grad; bf16 on CUDA, fp32 on CPU unless `dtype` is given."
     device = torch.device(device) if device is not None else _default_device()
@@ -64,44 +71,59 @@ def load_target(path_or_id, dtype=None, device=None) -> PreTrainedModel:
     except (OSError, ValueError) as e:
         where = "the local folder has no loadable model" if Path(str(path_or_id)).exists() else \
                 "it is not a local folder, and as a hub id it could not be fetched (offline?)"
-        raise TargetLoadError(f"cannot load target {str(path_or_id)!r}: {where}. Pass a folder with config.json and weights "
-                              f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+        raise TargetLoadError(
+            f"cannot load target {str(path_or_id)!r}: {where}. Pass a folder with config.json and weights "
+            f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+        ) from e
     return freeze(model.to(device))
 
 # %% ../nbs/10_target.ipynb #8e6c7142
 def target_embed(target) -> nn.Embedding:
     "The target's input embedding table [V, H] (frozen)."
     emb = target.get_input_embeddings()
-    if not isinstance(emb, nn.Embedding): raise TypeError(f"target input embeddings are {type(emb).__name__}, expected nn.Embedding")
+    if not isinstance(emb, nn.Embedding):
+        raise TypeError(f"target input embeddings are {type(emb).__name__}, expected nn.Embedding")
     return emb
 
+# %% ../nbs/10_target.ipynb #348557d3
 def target_lm_head(target) -> nn.Linear:
     "The target's LM head [V, H] (frozen)."
     head = target.get_output_embeddings()
-    if not isinstance(head, nn.Linear): raise TypeError(f"target output embeddings are {type(head).__name__}, expected nn.Linear (a causal LM)")
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"target output embeddings are {type(head).__name__}, expected nn.Linear (a causal LM)")
     return head
 
 # %% ../nbs/10_target.ipynb #05b9b201
 class _StopForward(Exception):
     "Raised by the last capture hook to end the target's forward early."
 
+# %% ../nbs/10_target.ipynb #1139a212
 def check_layer_ids(layer_ids, num_layers: int, where: str = "target_layer_ids") -> list[int]:
     "Layer ids must be ints in [0, num_layers), strictly increasing; else ConfigError naming them."
     ids = list(layer_ids)
     if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ConfigError(f"{where}={ids!r}: need a non-empty list of integer layer ids")
     bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad: raise ConfigError(f"{where}={ids!r}: layer id(s) {bad} outside [0, {num_layers}) — the target has {num_layers} decoder layers")
-    if any(a >= b for a, b in zip(ids, ids[1:])): raise ConfigError(f"{where}={ids!r}: must be strictly increasing (features are concatenated in id order)")
+    if bad:
+        raise ConfigError(
+            f"{where}={ids!r}: layer id(s) {bad} outside [0, {num_layers}) — the target has {num_layers} decoder layers"
+        )
+    if any(a >= b for a, b in zip(ids, ids[1:])):
+        raise ConfigError(f"{where}={ids!r}: must be strictly increasing (features are concatenated in id order)")
     return ids
 
+# %% ../nbs/10_target.ipynb #074b81ac
 def _decoder_layers(target) -> nn.ModuleList:
     layers = getattr(target.get_decoder(), "layers", None)
-    if not isinstance(layers, nn.ModuleList): raise TypeError(f"{type(target).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(target).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
     return layers
 
+# %% ../nbs/10_target.ipynb #de8a85ae
 @torch.no_grad()
-def capture_features(target, input_ids, layer_ids, attention_mask=None, position_ids=None, stop_early: bool = True) -> torch.Tensor:
+def capture_features(
+    target, input_ids, layer_ids, attention_mask=None, position_ids=None, stop_early: bool = True
+) -> torch.Tensor:
     "Outputs of decoder layers `layer_ids` (before any final norm), concatenated in id order → [B, S, L·H]. No grad."
     layers = _decoder_layers(target)
     ids = check_layer_ids(layer_ids, len(layers))
@@ -123,7 +145,8 @@ def capture_features(target, input_ids, layer_ids, attention_mask=None, position
 
 # %% ../nbs/10_target.ipynb #1fb5eb80
 def check_draft_fits_target(dflash: DFlashConfig, target_config, draft_hidden_size: int | None = None) -> DFlashConfig:
-    "Raise ConfigError if `dflash` (layer ids, mask token) or the draft's hidden size does not match the target; returns `dflash`."
+    """Raise ConfigError if `dflash` (layer ids, mask token) or the draft's hidden size does not match the target; returns
+    `dflash`."""
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     T, V, H = tc.num_hidden_layers, tc.vocab_size, tc.hidden_size
     if draft_hidden_size is not None and draft_hidden_size != H:

@@ -87,6 +87,7 @@ class DFlashTrainConfig:
     @property
     def run_dir(self) -> Path: return Path(self.output_dir).expanduser() / self.run_name
 
+# %% ../nbs/09_train_config.ipynb #8bbd2d30
 @dataclass
 class DominoTrainConfig(DFlashTrainConfig):
     recipe: str = "domino"
@@ -97,7 +98,8 @@ class DominoTrainConfig(DFlashTrainConfig):
     pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
     lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
     lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
-    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")  # λ is 0 after this many steps
+    # λ is 0 after this many steps
+    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")
 
 # %% ../nbs/09_train_config.ipynb #8cd30412
 import domino_research
@@ -109,6 +111,7 @@ RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
 def _check(ok, key, msg):
     if not ok: raise ConfigError(f"{key}: {msg}")
 
+# %% ../nbs/09_train_config.ipynb #dce02c6c
 def check_run_name(name) -> str:
     "A run name is one plain folder name: the run directory, and everything ever deleted in it, stays inside `output_dir`."
     plain = isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".") \
@@ -135,6 +138,7 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
            "is required when n_eval_prompts > 0 with a target other than the embedded one (a prompts JSONL)")
     return cfg
 
+# %% ../nbs/09_train_config.ipynb #a8da81e3
 def _cuda() -> bool:
     import torch                                       # here, not at the top: reading a config needs no torch
     return torch.cuda.is_available()
@@ -151,6 +155,7 @@ def find_config(name_or_path) -> Path:
         raise ConfigError(f"config {name_or_path!r} is neither a .yaml file nor a shipped config {shipped_configs()}")
     return shipped
 
+# %% ../nbs/09_train_config.ipynb #f79a441a
 def shipped_configs() -> list[str]: return sorted(q.stem for q in CONFIG_DIR.glob("*.yaml"))
 
 # %% ../nbs/09_train_config.ipynb #a8be5147
@@ -169,6 +174,7 @@ class Yaml12Loader(yaml.SafeLoader):
             first[key] = line
         return super().construct_mapping(node, deep)
 
+# %% ../nbs/09_train_config.ipynb #f5b544f8
 Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
 
@@ -185,6 +191,7 @@ def _check_renamed(d: dict, where: str):
         if old in RENAMED_KEYS:
             raise ConfigError(f"{where}: key {old!r} was renamed to {RENAMED_KEYS[old]!r}; write {RENAMED_KEYS[old]} instead")
 
+# %% ../nbs/09_train_config.ipynb #296a30f0
 def read_config_file(config) -> tuple[dict, str]:
     "The raw mapping of a YAML config (path or shipped name; None = no file) and where it came from."
     if config is None: return {}, "defaults"
@@ -204,6 +211,7 @@ def recipe_config_class(raw: dict, overrides: dict, where: str = "defaults"):
         raise ConfigError(f"recipe: must be one of {list(RECIPE_CONFIGS)} (got {recipe!r}) in {where}")
     return RECIPE_CONFIGS[recipe]
 
+# %% ../nbs/09_train_config.ipynb #46d0a91f
 def load_train_config(config=None, **overrides) -> DFlashTrainConfig:
     "Read a YAML config (path or shipped name; None = defaults), apply single-key overrides, validate."
     raw, where = read_config_file(config)
@@ -265,6 +273,7 @@ def unknown_message(self: CommandLine, extra: list[str]) -> str:
     hint = f"did you mean {', '.join(close)}?" if close else f"valid keys: {', '.join(known)}"
     return f"unknown key {key}; {hint} (--help lists every key with its default)"
 
+# %% ../nbs/09_train_config.ipynb #6cecdc0a
 def _parsers(parser) -> list:
     "`parser` and every subcommand parser below it."
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -297,16 +306,19 @@ def field_comments(cls) -> dict:
             if m := re.match(r"\s+(\w+):[^#]*#\s*(.+)$", line): out[m[1]] = m[2].strip()
     return out
 
+# %% ../nbs/09_train_config.ipynb #62b663f3
 def _text_key(tp) -> bool:
     "A field whose value is text (a name, a path): taken as typed on the command line, not read as YAML."
     return "str" in str(tp)
 
+# %% ../nbs/09_train_config.ipynb #d5d82ea8
 def _yaml_value(text: str):
     "A command-line value read as YAML 1.2 (`1e-3` a float, `null` None, `[1, 2]` a list)."
     try: return yaml_load(text) if text != "" else ""
     except (yaml.YAMLError, ConfigError) as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not a valid value ({' '.join(str(e).split())})") from None
 
+# %% ../nbs/09_train_config.ipynb #5e00c0c4
 def _text_value(text: str): return None if text == "null" else text
 
 # %% ../nbs/09_train_config.ipynb #54b2de54
@@ -326,11 +338,13 @@ def train_parser(config=None) -> CommandLine:
         _add_key(p, f, f"{comments.get(f.name, '')} ({default})".lstrip().replace("%", "%%"))
     return p
 
+# %% ../nbs/09_train_config.ipynb #97befb86
 def _raw_or_empty(config) -> dict:
     "The YAML mapping of `config` for the help text; a broken file is reported when the run reads it."
     try: return read_config_file(config)[0] if config is not None else {}
     except ConfigError: return {}
 
+# %% ../nbs/09_train_config.ipynb #2f7df3d9
 def _add_key(p: CommandLine, f: dataclasses.Field, help: str):
     "`--key VALUE` for config field `f` (only when given: the file's value stays otherwise); a boolean alone is true."
     if f.type in ("bool", bool):
@@ -360,6 +374,7 @@ def _param_value(ns: dict, key: str, tp, where: str):
         raise ConfigError(f"{where}: parameter {key!r} expects {_type_name(tp)}, got {ns[key]!r} ({type(ns[key]).__name__}); "
                           f"pass a value of that type, e.g. -p {key} <{_type_name(tp)}>") from None
 
+# %% ../nbs/09_train_config.ipynb #fd60056c
 def _check_mapping(ns: dict, key: str, hints: dict, where: str):
     "Parameter `key` holds a YAML mapping of config keys, none of them a parameter of the notebook itself."
     try: value = yaml.safe_load(ns[key])

@@ -1,4 +1,5 @@
-"A fake OpenAI-compatible chat server on 127.0.0.1 for the regenerate tests and benchmark: scripted faults, latency, stops by itself."
+"""A fake OpenAI-compatible chat server on 127.0.0.1 for the regenerate tests and benchmark: scripted faults, latency, stops by
+itself."""
 import http.server
 import json
 import threading
@@ -31,8 +32,10 @@ class FakeServer:
             def log_message(self, *a): pass
 
             def send(self, code, data: bytes, cut=False):
-                self.send_response(code); self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data))); self.end_headers()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
                 self.wfile.write(data[: len(data) // 2] if cut else data)
                 self.close_connection = cut
 
@@ -41,12 +44,18 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
-                    n = fake.requests; fake.requests += 1; fake.in_flight += 1
+                    n = fake.requests
+                    fake.requests += 1
+                    fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
-                try: time.sleep(fake.latency); what = fake.script(n, body)
+                try:
+                    time.sleep(fake.latency)
+                    what = fake.script(n, body)
                 finally:   # counted out before replying: the client's next request may come before this thread runs on
                     with fake.lock: fake.in_flight -= 1
-                if what == "hang": fake.stopping.wait(); self.close_connection = True
+                if what == "hang":
+                    fake.stopping.wait()
+                    self.close_connection = True
                 elif what == "drop": self.close_connection = True
                 elif what == "cut": self.send(200, json.dumps(echo(n, body)).encode(), cut=True)
                 elif isinstance(what, tuple) and what[0] == "status": self.send(what[1], b'{"error": {"message": "scripted"}}')
@@ -61,11 +70,16 @@ class FakeServer:
 
     def __enter__(self):
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        self.timer.daemon = True; self.timer.start()
+        self.timer.daemon = True
+        self.timer.start()
         return self
 
     def stop(self):
         if self.stopping.is_set(): return
-        self.stopping.set(); self.httpd.shutdown(); self.httpd.server_close()
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
-    def __exit__(self, *exc): self.timer.cancel(); self.stop()
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        self.stop()

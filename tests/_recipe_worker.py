@@ -16,7 +16,9 @@ if mode == "stall":   # rank 1 never reaches the first collective: rank 0 must g
     if os.environ.get("RANK") == "1": TrainDFlashRecipe._claim_run_dir = lambda self: time.sleep(600)
     cfg, t0 = load_train_config(config_path), time.time()
     try: RECIPES[cfg.recipe](cfg).setup()
-    except Exception as e: print(f"gave up after {time.time() - t0:.1f} s: {type(e).__name__}", flush=True); os._exit(3)
+    except Exception as e:
+        print(f"gave up after {time.time() - t0:.1f} s: {type(e).__name__}", flush=True)
+        os._exit(3)
     os._exit(0)
 cfg = load_train_config(config_path)
 recipe = RECIPES[cfg.recipe](cfg).setup()

@@ -22,6 +22,7 @@ class SampleLog(TrainDominoRecipe):
 recipe = SampleLog(load_train_config(sys.argv[1])).setup()
 try: result = recipe.run()
 except Stop:                      # every rank stops at the same step; meet before the process group goes away
-    result = {"stopped": True}; recipe.accelerator.wait_for_everyone()
+    result = {"stopped": True}
+    recipe.accelerator.wait_for_everyone()
 (Path(sys.argv[2]) / f"rank{recipe.accelerator.process_index}.json").write_text(json.dumps(result))
 recipe.close()

@@ -16,7 +16,8 @@ def storage_bytes(tensors) -> int:
     for t in tensors:
         if t is None: continue
         t = t.to_local() if hasattr(t, "to_local") else t
-        s = t.untyped_storage(); seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
     return sum(seen.values())
 
 

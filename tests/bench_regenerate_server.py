@@ -25,8 +25,15 @@ def bench(concurrency: int, rows: int, latency: float, batch_size: int) -> dict:
         regenerate(server, None, data, Path(d) / "out.jsonl", max_new_tokens=8, batch_size=batch_size, progress=False)
         seconds = time.perf_counter() - t0
         assert len((Path(d) / "out.jsonl").read_text().splitlines()) == rows
-    return dict(concurrency=concurrency, batch_size=batch_size, rows=rows, seconds=round(seconds, 2),
-                rows_per_s=round(rows / seconds, 1), max_in_flight=srv.max_in_flight, ideal_rows_per_s=round(concurrency / latency, 1))
+    return dict(
+        concurrency=concurrency,
+        batch_size=batch_size,
+        rows=rows,
+        seconds=round(seconds, 2),
+        rows_per_s=round(rows / seconds, 1),
+        max_in_flight=srv.max_in_flight,
+        ideal_rows_per_s=round(concurrency / latency, 1),
+    )
 
 
 if __name__ == "__main__":

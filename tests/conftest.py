@@ -15,12 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 # The longest tests start first (each launches several trainings: kill/resume loops, 2-rank launches, papermill
 # studies; a whole file where its tests share a module fixture): with `pytest -n 2 --dist loadgroup` (tests/run_all.sh)
 # the two workers take the next test as they finish one, so neither is left running a long one while the other idles.
-LONGEST_FIRST = ["test_safety.py::test_fault_matrix_kill9_then_resume", "test_shard.py",
-                 "test_qwen3_e2e.py::test_shipped_config_end_to_end", "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
-                 "test_train.py::test_resume_on_another_number_of_processes", "test_ablations.py::test_papermill_budget_curve",
-                 "test_ablations.py::test_papermill_ablations_notebook", "test_train.py::test_sharded_target_trains_like_a_whole_one",
-                 "test_train.py::test_cli_packing_trains_and_resumes_bitwise", "test_reduce_gloo.py",
-                 "test_train.py::test_two_ranks_validation_equals_one_rank", "test_safety.py::test_damaged_latest_checkpoint_falls_back"]
+LONGEST_FIRST = [
+    "test_safety.py::test_fault_matrix_kill9_then_resume",
+    "test_shard.py",
+    "test_qwen3_e2e.py::test_shipped_config_end_to_end",
+    "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
+    "test_train.py::test_resume_on_another_number_of_processes",
+    "test_ablations.py::test_papermill_budget_curve",
+    "test_ablations.py::test_papermill_ablations_notebook",
+    "test_train.py::test_sharded_target_trains_like_a_whole_one",
+    "test_train.py::test_cli_packing_trains_and_resumes_bitwise",
+    "test_reduce_gloo.py",
+    "test_train.py::test_two_ranks_validation_equals_one_rank",
+    "test_safety.py::test_damaged_latest_checkpoint_falls_back",
+]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -105,7 +113,9 @@ def run_module(module: str, *argv, cwd=REPO) -> SimpleNamespace:
         with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try: entry([str(a) for a in argv])
             except SystemExit as e: code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally: torch.set_num_threads(threads); warnings.formatwarning = formatwarning
+    finally:
+        torch.set_num_threads(threads)
+        warnings.formatwarning = formatwarning
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 

@@ -84,7 +84,8 @@ def write_qwen3_snapshot(out_dir, corpus, seed: int = 0) -> Path:
     "Write the tiny Qwen3-8B-layout folder (config, generation config, bf16 safetensors, tokenizer) to `out_dir`."
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     cfg = Qwen3Config(**{**QWEN3_8B_CONFIG, **TINY_SIZES})
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)

@@ -54,7 +54,12 @@ def test_papermill_ablations_notebook(tiny, tmp_path):
 
     md = (out / "results.md").read_text()
     rows = [l for l in md.splitlines() if l.startswith("| `")]
-    assert [l.split("|")[1].strip() for l in rows] == ["`dflash`", "`domino`", "`domino` / `dflash`", "`domino` with / without head"]
+    assert [l.split("|")[1].strip() for l in rows] == [
+        "`dflash`",
+        "`domino`",
+        "`domino` / `dflash`",
+        "`domino` with / without head",
+    ]
     assert all(len(l.split("|")) == 14 for l in rows[:2])           # the variant table: 12 columns, latency's two last
     for name, d in res["variants"].items():                         # the latency column: measured, positive
         assert d["draft_ms"]["n"] == 2 and d["draft_ms"]["min"] > 0 and d["tau_per_draft_ms"]["min"] > 0, name

@@ -60,8 +60,11 @@ def test_bench_bad_arguments(argv, needle):
 def test_bench_decode_bad_paths(tmp_path):
     missing = tmp_path / "no_such_run"
     assert_one_line_error(run("-m", "domino_research.bench", "decode", "--draft", missing), missing, "no such directory")
-    draft = tmp_path / "draft"; draft.mkdir(); (draft / "config.json").write_text("{}")
-    empty = tmp_path / "empty_target"; empty.mkdir()
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    empty = tmp_path / "empty_target"
+    empty.mkdir()
     assert_one_line_error(run("-m", "domino_research.bench", "decode", "--draft", draft, "--target", empty),
                           empty, "has no config.json")
     t0 = time.perf_counter()
@@ -78,12 +81,14 @@ def train(tiny, tmp_path, **overrides):
 
 
 def test_train_binary_jsonl(tiny, tmp_path):
-    data = tmp_path / "train.jsonl"; data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
     assert_one_line_error(train(tiny, tmp_path, train_data=data), "train_data:", data, "line 1: not UTF-8 text")
 
 
 def test_train_data_without_suffix(tiny, tmp_path):
-    data = tmp_path / "train"; shutil.copy(tiny["root"] / "train.jsonl", data)
+    data = tmp_path / "train"
+    shutil.copy(tiny["root"] / "train.jsonl", data)
     assert_one_line_error(train(tiny, tmp_path, train_data=data), "train_data:", data, "unknown chat data file type")
 
 
@@ -98,7 +103,8 @@ def test_train_unknown_embedded_split(tiny, tmp_path):
 
 
 def test_train_target_without_weights(tiny, tmp_path):
-    t = tmp_path / "target"; shutil.copytree(tiny["root"] / "target", t)
+    t = tmp_path / "target"
+    shutil.copytree(tiny["root"] / "target", t)
     for w in t.glob("*.safetensors"): w.unlink()
     assert_one_line_error(train(tiny, tmp_path, target=t), t, "has config.json but no weights")
 
@@ -108,7 +114,8 @@ def test_train_missing_local_target(tiny, tmp_path):
 
 
 def test_train_target_without_config(tiny, tmp_path):
-    t = tmp_path / "target"; t.mkdir()
+    t = tmp_path / "target"
+    t.mkdir()
     assert_one_line_error(train(tiny, tmp_path, target=t), t, "has no config.json")
 
 
@@ -201,7 +208,8 @@ def test_train_value_out_of_range_is_one_line(tiny, tmp_path, capsys, key, value
 
 
 def test_every_numeric_key_has_a_range_checked_when_read(tiny, tmp_path):
-    "Walks every numeric field of both recipes: each declares a range, and a value just outside it, in a YAML file, is refused naming the key and the file."
+    """Walks every numeric field of both recipes: each declares a range, and a value just outside it, in a YAML file, is
+    refused naming the key and the file."""
     import dataclasses, typing
     from domino_research.config import ConfigError, parse_range
     from domino_research.train_config import RECIPE_CONFIGS, load_train_config

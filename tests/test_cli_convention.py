@@ -57,13 +57,20 @@ def test_a_flag_alone_or_with_true_false_in_two_commands():
     assert _parse_args(base).enable_thinking is False
 
 
-@pytest.mark.parametrize("command, argv, says", [
-    ("train", ["--config", "embedded_domino", "--blok_size", "4"], "unknown key --blok_size; did you mean --block_size?"),
-    ("train", ["--config", "embedded_domino", "--decode_eval_prompts", "2"], "--decode_eval_prompts was renamed to --n_eval_prompts"),
-    ("bench", ["decode", "--max_new_token", "4"], "unknown key --max_new_token; did you mean --max_new_tokens"),
-    ("bench", ["decode", "--n_prompts", "4"], "--n_prompts was renamed to --n_eval_prompts"),
-    ("regenerate", ["--out", "o.jsonl", "--enable_thinking", "maybe"], "argument --enable_thinking: expected true or false"),
-])
+@pytest.mark.parametrize(
+    "command, argv, says",
+    [
+        ("train", ["--config", "embedded_domino", "--blok_size", "4"], "unknown key --blok_size; did you mean --block_size?"),
+        (
+            "train",
+            ["--config", "embedded_domino", "--decode_eval_prompts", "2"],
+            "--decode_eval_prompts was renamed to --n_eval_prompts",
+        ),
+        ("bench", ["decode", "--max_new_token", "4"], "unknown key --max_new_token; did you mean --max_new_tokens"),
+        ("bench", ["decode", "--n_prompts", "4"], "--n_prompts was renamed to --n_eval_prompts"),
+        ("regenerate", ["--out", "o.jsonl", "--enable_thinking", "maybe"], "argument --enable_thinking: expected true or false"),
+    ],
+)
 def test_unknown_renamed_or_bad_keys_are_one_line(capsys, command, argv, says):
     from domino_research.bench import main as bench
     from domino_research.regenerate import _parse_args as regenerate

@@ -61,8 +61,11 @@ def test_same_size_damage_is_detected_and_rebuilt(tiny, tmp_path, capsys):
     _build(tiny, src, cache)
     fresh, _ = data_mod.cached_chat_dataset(src, tiny["tokenizer"], 96, cache, verbose=False)
     fresh = [list(r) for r in fresh["input_ids"]]     # a Column reads the memory-mapped file lazily: copy it now
-    arrow = next(cache.glob("chat-*/rows/*.arrow")); n = arrow.stat().st_size
-    with open(arrow, "r+b") as f: f.seek(n // 4); f.write(bytes(n // 2 - n // 4))
+    arrow = next(cache.glob("chat-*/rows/*.arrow"))
+    n = arrow.stat().st_size
+    with open(arrow, "r+b") as f:
+        f.seek(n // 4)
+        f.write(bytes(n // 2 - n // 4))
     assert arrow.stat().st_size == n
     capsys.readouterr()
     with pytest.warns(UserWarning) as w: _build(tiny, src, cache)
@@ -74,7 +77,8 @@ def test_same_size_damage_is_detected_and_rebuilt(tiny, tmp_path, capsys):
 
 
 def test_empty_jsonl_is_named(tiny, tmp_path, capsys):
-    empty = tmp_path / "empty.jsonl"; empty.write_text("\n\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
     with pytest.raises(SystemExit) as e: _build(tiny, empty, tmp_path / "cache")
     _one_error_line(capsys, e, f"{empty}: no rows", "write one chat per line")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
@@ -88,7 +92,9 @@ def read_only(monkeypatch):
     mounted = []
     def make(folder):
         folder = Path(folder)
-        if os.geteuid() != 0: folder.chmod(0o555); return "chmod"
+        if os.geteuid() != 0:
+            folder.chmod(0o555)
+            return "chmod"
         if shutil.which("mount") and subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)],
                                                     capture_output=True).returncode == 0:
             mounted.append(folder)
@@ -117,8 +123,11 @@ def test_damaged_read_only_cache_is_one_line(tiny, tmp_path, capsys, read_only):
     "A damaged cache in a read-only folder cannot be set aside and rebuilt there: one line naming it, nothing written."
     src, cache = write_jsonl(tmp_path / "d.jsonl", _rows(6)), tmp_path / "cache"
     _build(tiny, src, cache)
-    arrow = next(cache.glob("chat-*/rows/*.arrow")); n = arrow.stat().st_size
-    with open(arrow, "r+b") as f: f.seek(n // 2); f.write(bytes(64))
+    arrow = next(cache.glob("chat-*/rows/*.arrow"))
+    n = arrow.stat().st_size
+    with open(arrow, "r+b") as f:
+        f.seek(n // 2)
+        f.write(bytes(64))
     before = _tree(cache)
     read_only(cache)
     with pytest.raises(SystemExit) as e: _build(tiny, src, cache)

@@ -20,7 +20,13 @@ from domino_research.export import export_draft
 from conftest import run_module
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def _bench_process(*args, timeout=600):
@@ -43,13 +49,15 @@ def toy(tmp_path_factory):
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
     target = Qwen3ForCausalLM(cfg).eval()
-    target.save_pretrained(d / "target"); tok.save_pretrained(d / "target")
+    target.save_pretrained(d / "target")
+    tok.save_pretrained(d / "target")
     dfl = DFlashConfig(mask_token_id=tok.convert_tokens_to_ids("<|mask|>"), block_size=4, target_layer_ids=[1, 6],
                        shift_label=True, projector_type="domino", emb_dim=8, gru_hidden_dim=12)
     export_draft(DFlashDraftModel(draft_qwen3_config(cfg, dfl, 1)).eval(), d / "draft")
     deep = Qwen3Config(**{**cfg.to_dict(), "num_hidden_layers": 12, "layer_types": None})
     reads_10 = DFlashConfig(**{**dfl.to_dict(), "target_layer_ids": [1, 10]})
-    export_draft(DFlashDraftModel(draft_qwen3_config(deep, reads_10, 1)).eval(), d / "draft_deep")  # no layer 10 in the 8-layer target
+    # no layer 10 in the 8-layer target
+    export_draft(DFlashDraftModel(draft_qwen3_config(deep, reads_10, 1)).eval(), d / "draft_deep")
     (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "print", "for i", "a + b")))
     return d
 
@@ -132,9 +140,16 @@ def test_bench_decode_refuses(toy, tmp_path, case, expect):
 def test_bench_decode_standard_prompt_sets(toy, tmp_path):
     "GSM8K (parquet) and MT-Bench (JSONL) prompt sets decode, sampled by seed; a hub name with the hub offline is one line."
     import datasets
-    datasets.Dataset.from_dict({"question": ["2 + 3?", "7 * 6?", "1 - 1?"], "answer": ["5", "42", "0"]}).to_parquet(tmp_path / "gsm8k.parquet")
-    (tmp_path / "mt.jsonl").write_text("".join(json.dumps({"question_id": q, "category": c, "turns": [t, "more"]}) + "\n"
-                                              for q, c, t in ((81, "writing", "a poem"), (82, "math", "2+2"), (83, "math", "3+3"))))
+
+    datasets.Dataset.from_dict({"question": ["2 + 3?", "7 * 6?", "1 - 1?"], "answer": ["5", "42", "0"]}).to_parquet(
+        tmp_path / "gsm8k.parquet"
+    )
+    (tmp_path / "mt.jsonl").write_text(
+        "".join(
+            json.dumps({"question_id": q, "category": c, "turns": [t, "more"]}) + "\n"
+            for q, c, t in ((81, "writing", "a poem"), (82, "math", "2+2"), (83, "math", "3+3"))
+        )
+    )
     runs = {}
     for name, extra in (("gsm8k.parquet", ()), ("mt.jsonl", ("--stratify_by", "category"))):
         r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", tmp_path / name, "--n_eval_prompts", 2,
@@ -149,15 +164,32 @@ def test_bench_decode_standard_prompt_sets(toy, tmp_path):
     r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", "nobody/no-such-prompt-set", "--json")
     assert r.returncode == 2 and "could not load" in r.stderr and "Traceback" not in r.stderr, r.stderr
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and errors[0].startswith("error: bench decode: could not load"), r.stderr   # (weight-loading bars aside)
+    # (weight-loading bars aside)
+    assert len(errors) == 1 and errors[0].startswith("error: bench decode: could not load"), r.stderr
 
 
 def test_bench_decode_temperature(toy):
     "--temperature > 0 samples: tau reported, lossless null with the reason, the same figures for the same --sample_seed."
     out = []
     for _ in range(2):
-        r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl", "--n_eval_prompts", 2,
-                   "--max_new_tokens", 8, "--temperature", 0.8, "--sample_seed", 4, "--per_prompt", "--json")
+        r = _bench(
+            "--draft",
+            toy / "draft",
+            "--target",
+            toy / "target",
+            "--prompts",
+            toy / "prompts.jsonl",
+            "--n_eval_prompts",
+            2,
+            "--max_new_tokens",
+            8,
+            "--temperature",
+            0.8,
+            "--sample_seed",
+            4,
+            "--per_prompt",
+            "--json",
+        )
         assert r.returncode == 0, r.stderr
         out.append(json.loads(r.stdout.strip().splitlines()[-1]))
     res = out[0]
@@ -248,7 +280,9 @@ def test_embedded_lossless_every_accept_length():
 def _bench_main(capsys, *args):
     "`bench decode` in this process: (exit status, stdout, stderr)."
     from domino_research.bench import main
-    try: main(["decode", *map(str, args)]); code = 0
+    try:
+        main(["decode", *map(str, args)])
+        code = 0
     except SystemExit as e: code = e.code
     out, err = capsys.readouterr()
     return code, out, err
@@ -266,7 +300,8 @@ def _edit_config(**kv):
 
 def _edit_weights(edit_bytes):
     def edit(d):
-        f = d / "model.safetensors"; f.write_bytes(edit_bytes(f.read_bytes()))
+        f = d / "model.safetensors"
+        f.write_bytes(edit_bytes(f.read_bytes()))
     return edit
 
 
@@ -275,16 +310,27 @@ def _as_pickle(d):
     torch.save({"fc.weight": torch.zeros(2, 2)}, d / "pytorch_model.bin")
 
 
-@pytest.mark.parametrize("case,edit,needles", [
-    ("hidden_huge", _edit_config(hidden_size=10**9), ("config.json", "`hidden_size` 1000000000")),
-    ("hidden_missing", _edit_config(hidden_size=None), ("config.json", "has no `hidden_size`")),
-    ("dtype_banana", _edit_config(dtype="banana"), ("config.json", "`dtype` 'banana'")),
-    ("layers_1000", _edit_config(num_hidden_layers=1000), ("config.json", "`num_hidden_layers` 1000", "holds 1 layers")),
-    ("header_2_40", _edit_weights(lambda b: (2**40).to_bytes(8, "little") + b[8:]), ("model.safetensors", "header length 1099511627776")),
-    ("offsets_past_end", _edit_weights(lambda b: b[:-100]), ("model.safetensors", "run past the end")),
-    ("config_list", lambda d: (d / "config.json").write_text("[1, 2]"), ("config.json", "expected a JSON object, got a list")),
-    ("pickle_bin", _as_pickle, ("pytorch_model.bin", "never loaded", "convert it to model.safetensors")),
-])
+@pytest.mark.parametrize(
+    "case,edit,needles",
+    [
+        ("hidden_huge", _edit_config(hidden_size=10**9), ("config.json", "`hidden_size` 1000000000")),
+        ("hidden_missing", _edit_config(hidden_size=None), ("config.json", "has no `hidden_size`")),
+        ("dtype_banana", _edit_config(dtype="banana"), ("config.json", "`dtype` 'banana'")),
+        ("layers_1000", _edit_config(num_hidden_layers=1000), ("config.json", "`num_hidden_layers` 1000", "holds 1 layers")),
+        (
+            "header_2_40",
+            _edit_weights(lambda b: (2**40).to_bytes(8, "little") + b[8:]),
+            ("model.safetensors", "header length 1099511627776"),
+        ),
+        ("offsets_past_end", _edit_weights(lambda b: b[:-100]), ("model.safetensors", "run past the end")),
+        (
+            "config_list",
+            lambda d: (d / "config.json").write_text("[1, 2]"),
+            ("config.json", "expected a JSON object, got a list"),
+        ),
+        ("pickle_bin", _as_pickle, ("pytorch_model.bin", "never loaded", "convert it to model.safetensors")),
+    ],
+)
 def test_malformed_draft_is_one_line_before_building(toy, tmp_path, capsys, monkeypatch, case, edit, needles):
     "Each fault: exit 2, one line naming the file and key; neither the draft module nor the target is built first."
     import pickle, shutil
@@ -293,7 +339,8 @@ def test_malformed_draft_is_one_line_before_building(toy, tmp_path, capsys, monk
     edit(draft)
     def refuse(*a, **k): raise AssertionError("the draft was built before its files were checked")
     monkeypatch.setattr(DFlashDraftModel, "from_pretrained", refuse)
-    monkeypatch.setattr(pickle, "load", refuse); monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
     import domino_research.evaluation as ev
     monkeypatch.setattr(ev, "_load_target", lambda t: (_ for _ in ()).throw(AssertionError("the target loaded first")))
     code, out, err = _bench_main(capsys, "--draft", draft, "--target", toy / "target", "--prompts", toy / "prompts.jsonl")
@@ -307,7 +354,8 @@ def test_long_prompts_refused_or_truncated(toy, tmp_path, capsys):
     import shutil
     target = tmp_path / "target"
     shutil.copytree(toy / "target", target)                       # the same weights with a short stated context
-    js = json.loads((target / "config.json").read_text()); js["max_position_embeddings"] = 64
+    js = json.loads((target / "config.json").read_text())
+    js["max_position_embeddings"] = 64
     (target / "config.json").write_text(json.dumps(js))
     prompts = tmp_path / "long.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x): " * 20}) + "\n")

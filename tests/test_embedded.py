@@ -61,12 +61,16 @@ def test_cli_build(tmp_path):
 
 
 def test_loaders_from_another_directory(tmp_path):
-    # An editable install imported from outside the repo is a namespace package (no __file__): the loaders must still find the assets.
-    code = ("from domino_research.embedded import load_embedded_target, embedded_mask_token_id, embedded_dataset_path\n"
-            "m, t = load_embedded_target(); ids = t.apply_chat_template([{'role': 'user', 'content': 'hi'}], "
-            "add_generation_prompt=True, enable_thinking=False, return_dict=False)\n"
-            "print(type(m).__name__, m.dtype, t.convert_ids_to_tokens(embedded_mask_token_id()), "
-            "embedded_dataset_path('test').exists(), len(m.generate(__import__('torch').tensor([ids]), max_new_tokens=3, do_sample=False)[0]) - len(ids))")
+    # An editable install imported from outside the repo is a namespace package (no __file__):
+    # the loaders must still find the assets.
+    code = (
+        "from domino_research.embedded import load_embedded_target, embedded_mask_token_id, embedded_dataset_path\n"
+        "m, t = load_embedded_target(); ids = t.apply_chat_template([{'role': 'user', 'content': 'hi'}], "
+        "add_generation_prompt=True, enable_thinking=False, return_dict=False)\n"
+        "print(type(m).__name__, m.dtype, t.convert_ids_to_tokens(embedded_mask_token_id()), "
+        "embedded_dataset_path('test').exists(), len(m.generate(__import__('torch').tensor([ids]), max_new_tokens=3, "
+        "do_sample=False)[0]) - len(ids))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:4] == ["Qwen3ForCausalLM", "torch.float32", "<|mask|>", "True"]

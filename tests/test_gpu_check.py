@@ -65,7 +65,8 @@ def fake_nvidia_smi(tmp_path):
 @needs_no_gpu
 @pytest.mark.parametrize("how", ["nvidia-smi", "CUDA_VISIBLE_DEVICES"])
 def test_gpu_that_torch_cannot_use_fails_in_one_line(how, tmp_path, monkeypatch, capsys):
-    "A GPU is there (nvidia-smi lists one / CUDA_VISIBLE_DEVICES=0) but this torch cannot use it: exit 1, one line naming the build."
+    """A GPU is there (nvidia-smi lists one / CUDA_VISIBLE_DEVICES=0) but this torch cannot use it: exit 1, one line naming the
+    build."""
     from domino_research.gpu_check import main
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     if how == "nvidia-smi": monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path)}:{os.environ['PATH']}")

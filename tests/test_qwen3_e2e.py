@@ -29,7 +29,8 @@ MAX_NEW = 16
 
 def free_port():
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(cmd, timeout=300):
@@ -56,13 +57,17 @@ def test_snapshot_is_qwen3_8b_shaped(qwen3):
     assert len(tok) == QWEN3_MASK_TOKEN_ID and tok.eos_token_id == 151645 and tok.pad_token_id == 151643
     assert [tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<think>", "</think>")] == [151644, 151667, 151668]
     cfg = json.loads((qwen3["target"] / "config.json").read_text())
-    assert cfg["vocab_size"] == QWEN3_VOCAB_SIZE and cfg["rope_parameters"]["rope_theta"] == 1e6 and not cfg["tie_word_embeddings"]
+    assert (
+        cfg["vocab_size"] == QWEN3_VOCAB_SIZE and cfg["rope_parameters"]["rope_theta"] == 1e6 and not cfg["tie_word_embeddings"]
+    )
     chat = [{"role": "user", "content": "Hello assistant"}, {"role": "assistant", "content": "Hello user"},
             {"role": "user", "content": "How are you?"}, {"role": "assistant", "content": "I'm good"}]
     text = tok.apply_chat_template(chat, tokenize=False)
     # Qwen/Qwen3-8B's rendering of this chat: only the answer after the last user turn carries an (empty) think block
-    assert text == ("<|im_start|>user\nHello assistant<|im_end|>\n<|im_start|>assistant\nHello user<|im_end|>\n"
-                    "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nI'm good<|im_end|>\n")
+    assert text == (
+        "<|im_start|>user\nHello assistant<|im_end|>\n<|im_start|>assistant\nHello user<|im_end|>\n"
+        "<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nI'm good<|im_end|>\n"
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"]
     # the special and think tokens of Qwen/Qwen3-8B's own encoding of this chat, in order (its BPE ids differ from ours)
     assert [i for i in ids if i >= 151643] == [151644, 151645, 151644, 151645, 151644, 151645, 151644, 151667, 151668, 151645]

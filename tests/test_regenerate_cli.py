@@ -110,12 +110,22 @@ def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     target, needle = target_dir, None
     if case == "missing_local": target = needle = tmp_path / "modles" / "qwen3"
-    if case == "no_config": target = tmp_path / "empty"; target.mkdir(); needle = "has no config.json"
+    if case == "no_config":
+        target = tmp_path / "empty"
+        target.mkdir()
+        needle = "has no config.json"
     if case == "no_weights":
-        target = tmp_path / "cfg_only"; target.mkdir(); (target / "config.json").write_text((Path(target_dir) / "config.json").read_text())
+        target = tmp_path / "cfg_only"
+        target.mkdir()
+        (target / "config.json").write_text((Path(target_dir) / "config.json").read_text())
         needle = "has config.json but no weights"
-    if case == "binary_data": data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe"); needle = "line 1: not UTF-8 text"
-    if case == "no_suffix": data = tmp_path / "data"; data.write_text(json.dumps(ROWS[0]) + "\n"); needle = "unknown chat data file type"
+    if case == "binary_data":
+        data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+        needle = "line 1: not UTF-8 text"
+    if case == "no_suffix":
+        data = tmp_path / "data"
+        data.write_text(json.dumps(ROWS[0]) + "\n")
+        needle = "unknown chat data file type"
     extra = ["--max_new_tokens", 0] if case == "bad_setting" else []
     if case == "bad_setting": needle = "max_new_tokens must be >= 1"
     if case == "bad_shard": extra, needle = ["--shard", "3/2"], "--shard: expected K/N with 0 <= K < N"
@@ -123,7 +133,8 @@ def test_cli_bad_input_is_one_line(target_dir, tmp_path, case):
         assert run_cli("--target", target, "--data", data, "--out", tmp_path / "s0.jsonl", "--shard", "0/2").returncode == 0
         r = run_cli("--merge", tmp_path / "s0.jsonl", "--out", out)
         assert_one_line_error(r, "need each of the shards 0/2")
-        assert not out.exists(); return
+        assert not out.exists()
+        return
     r = run_cli("--target", target, "--data", data, "--out", out, *extra)
     assert_one_line_error(r, needle)
     assert not out.exists()
@@ -144,7 +155,10 @@ def serve(target_dir):
 
         def _send(self, obj):
             data = json.dumps(obj).encode()
-            self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def do_GET(self): self._send({"data": [{"id": "tiny"}]})
 
@@ -171,7 +185,8 @@ def test_cli_server_backend_writes_what_the_local_target_writes(target_dir, tmp_
         assert (tmp_path / "server.jsonl").read_text() == (tmp_path / "local.jsonl").read_text()
         assert json.loads((tmp_path / "server.jsonl.meta.json").read_text())["target"] == f"tiny at {url}"
     finally:
-        srv.shutdown(); srv.server_close()
+        srv.shutdown()
+        srv.server_close()
     r = run_cli("--server", url, *common, "--out", tmp_path / "never.jsonl")            # the server is gone now
     assert_one_line_error(r, f"--server {url}: cannot reach it")
     assert not (tmp_path / "never.jsonl").exists()
@@ -185,7 +200,9 @@ from domino_research.regenerate import OpenAIServer, cli  # noqa: E402
 
 def cli_run(capsys, *args):
     "`cli(args)` in this process → (exit status, stdout, stderr)."
-    try: cli([str(a) for a in args]); code = 0
+    try:
+        cli([str(a) for a in args])
+        code = 0
     except SystemExit as e: code = e.code
     out, err = capsys.readouterr()
     return code, out, err
@@ -198,8 +215,12 @@ def assert_refused(code, err, *needles):
 
 
 def chat_file(path, n):
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -209,15 +230,29 @@ def fast_retries(monkeypatch):
 
 
 # (case, what the server does, extra flags, the words of the one-line error, requests the server should see)
-FAULTS = [("error_object", lambda n, b: {"object": "error", "message": "boom"}, [], "the reply has no choices[0].message", 1),
-          ("no_choices", lambda n, b: {"choices": []}, [], "the reply has no choices[0].message", 1),
-          ("content_not_text", lambda n, b: {"choices": [{"message": {"content": 42}}]}, [], "message.content is a int (42), not text", 1),
-          ("not_json", lambda n, b: ("raw", b"<html>bad gateway</html>"), [], "the reply is not JSON", 1),
-          ("http_400", lambda n, b: ("status", 400), [], "HTTP 400", 1),
-          ("http_503", lambda n, b: ("status", 503), [], "HTTP 503: {\"error\": {\"message\": \"scripted\"}}; gave up after 3 tries", 3),
-          ("cut_short", lambda n, b: "cut", [], "the reply was cut short", 3),
-          ("dropped", lambda n, b: "drop", [], "the connection broke", 3),
-          ("timeout", lambda n, b: "hang", ["--timeout", 0.5], "no answer within --timeout 0.5 s", 1)]
+FAULTS = [
+    ("error_object", lambda n, b: {"object": "error", "message": "boom"}, [], "the reply has no choices[0].message", 1),
+    ("no_choices", lambda n, b: {"choices": []}, [], "the reply has no choices[0].message", 1),
+    (
+        "content_not_text",
+        lambda n, b: {"choices": [{"message": {"content": 42}}]},
+        [],
+        "message.content is a int (42), not text",
+        1,
+    ),
+    ("not_json", lambda n, b: ("raw", b"<html>bad gateway</html>"), [], "the reply is not JSON", 1),
+    ("http_400", lambda n, b: ("status", 400), [], "HTTP 400", 1),
+    (
+        "http_503",
+        lambda n, b: ("status", 503),
+        [],
+        "HTTP 503: {\"error\": {\"message\": \"scripted\"}}; gave up after 3 tries",
+        3,
+    ),
+    ("cut_short", lambda n, b: "cut", [], "the reply was cut short", 3),
+    ("dropped", lambda n, b: "drop", [], "the connection broke", 3),
+    ("timeout", lambda n, b: "hang", ["--timeout", 0.5], "no answer within --timeout 0.5 s", 1),
+]
 
 
 @pytest.mark.parametrize("case,script,extra,needle,requests", FAULTS, ids=[f[0] for f in FAULTS])
@@ -232,7 +267,9 @@ def test_server_fault_is_one_line_naming_the_url(capsys, fast_retries, tmp_path,
 
 def test_server_lists_no_model(capsys, tmp_path):
     with FakeServer(models={"data": []}, lifetime=20) as srv:
-        code, _, err = cli_run(capsys, "--server", srv.url, "--data", chat_file(tmp_path / "d.jsonl", 1), "--out", tmp_path / "o.jsonl")
+        code, _, err = cli_run(
+            capsys, "--server", srv.url, "--data", chat_file(tmp_path / "d.jsonl", 1), "--out", tmp_path / "o.jsonl"
+        )
         assert_refused(code, err, f"--server {srv.url}/models: lists no model", "pass --server_model")
 
 
@@ -276,13 +313,20 @@ def test_ctrl_c_ends_a_hung_server_run_at_once_keeping_the_rows(tmp_path):
     data, out = chat_file(tmp_path / "data.jsonl", 4), tmp_path / "out.jsonl"
     with FakeServer(lambda n, b: echo(n, b) if n < 2 else "hang", lifetime=120) as srv:
         args = ["--server", srv.url, "--data", data, "--out", out, "--concurrency", 1, "--batch_size", 1]
-        p = subprocess.Popen([sys.executable, "-m", "domino_research.regenerate", *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "domino_research.regenerate", *map(str, args)],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.time() + 90
             while srv.requests < 3 and time.time() < deadline and p.poll() is None: time.sleep(0.1)   # the 3rd request hangs
             assert srv.requests == 3, p.communicate(timeout=5)
             time.sleep(0.3)
-            t0 = time.time(); p.send_signal(signal.SIGINT)
+            t0 = time.time()
+            p.send_signal(signal.SIGINT)
             _, err = p.communicate(timeout=30)
             exit_s = time.time() - t0
         finally:
@@ -300,7 +344,10 @@ def shards(capsys, tmp_path):
     data = chat_file(tmp_path / "data.jsonl", 8)
     with FakeServer(lifetime=20) as srv:
         for k in (0, 1):
-            assert cli_run(capsys, "--server", srv.url, "--data", data, "--out", tmp_path / f"s{k}.jsonl", "--shard", f"{k}/2")[0] == 0
+            assert (
+                cli_run(capsys, "--server", srv.url, "--data", data, "--out", tmp_path / f"s{k}.jsonl", "--shard", f"{k}/2")[0]
+                == 0
+            )
     return tmp_path / "s0.jsonl", tmp_path / "s1.jsonl"
 
 
@@ -314,23 +361,28 @@ def test_merge_never_replaces_a_foreign_file(capsys, shards, tmp_path):
     merged = tmp_path / "merged.jsonl"
     assert cli_run(capsys, "--merge", *shards, "--out", merged)[0] == 0
     assert [json.loads(l)["index"] for l in merged.read_text().splitlines()] == list(range(8))
-    assert cli_run(capsys, "--merge", shards[1], shards[0], "--out", merged)[0] == 0   # an earlier merge of these shards: replaced
+    # an earlier merge of these shards: replaced
+    assert cli_run(capsys, "--merge", shards[1], shards[0], "--out", merged)[0] == 0
 
 
 @pytest.mark.parametrize("case", ["unfinished", "torn_line", "no_index", "stray_row", "old_meta"])
 def test_merge_refuses_a_bad_shard_naming_file_and_line(capsys, shards, tmp_path, case):
     s0, s1 = shards
     lines = s1.read_text().splitlines(keepends=True)
-    needle = {"unfinished": f"{s1}: shard 1/2 is unfinished: 3 of its 4 rows are missing (rows 3, 5, 7)",
-              "torn_line": f"{s1} line 4: invalid JSON", "no_index": f"{s1} line 1: index None is not one of the rows of shard 1/2",
-              "stray_row": f"{s1} line 1: index 2 is not one of the rows of shard 1/2",
-              "old_meta": "s1.jsonl.meta.json: records no row count"}[case]
+    needle = {
+        "unfinished": f"{s1}: shard 1/2 is unfinished: 3 of its 4 rows are missing (rows 3, 5, 7)",
+        "torn_line": f"{s1} line 4: invalid JSON",
+        "no_index": f"{s1} line 1: index None is not one of the rows of shard 1/2",
+        "stray_row": f"{s1} line 1: index 2 is not one of the rows of shard 1/2",
+        "old_meta": "s1.jsonl.meta.json: records no row count",
+    }[case]
     if case == "unfinished": s1.write_text(lines[0])
     if case == "torn_line": s1.write_text("".join(lines[:3]) + lines[3][:15])
     if case == "no_index": s1.write_text(json.dumps({"messages": json.loads(lines[0])["messages"]}) + "\n" + "".join(lines[1:]))
     if case == "stray_row": s1.write_text(lines[0].replace('"index": 1', '"index": 2') + "".join(lines[1:]))
     if case == "old_meta":
-        meta = json.loads((tmp_path / "s1.jsonl.meta.json").read_text()); del meta["rows"]
+        meta = json.loads((tmp_path / "s1.jsonl.meta.json").read_text())
+        del meta["rows"]
         (tmp_path / "s1.jsonl.meta.json").write_text(json.dumps(meta))
     code, _, err = cli_run(capsys, "--merge", s0, s1, "--out", tmp_path / "m.jsonl")
     assert_refused(code, err, needle)

@@ -30,8 +30,10 @@ def trained(tiny, tmp_path):
     "A finished 2-step run `old` with checkpoints, next to a sibling run and an unrelated file in output_dir."
     runs = tmp_path / "runs"
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 2, "save_every_steps": 1})
-    p = train_cli(cfg, "--run_name", "old"); assert p.returncode == 0, p.stderr[-3000:]
-    (runs / "sibling").mkdir(); (runs / "sibling" / "results.json").write_text('{"tau": 2.2}\n')
+    p = train_cli(cfg, "--run_name", "old")
+    assert p.returncode == 0, p.stderr[-3000:]
+    (runs / "sibling").mkdir()
+    (runs / "sibling" / "results.json").write_text('{"tau": 2.2}\n')
     (tmp_path / "keep.txt").write_text("a user's file next to output_dir\n")
     return {"cfg": cfg, "runs": runs, "before": snapshot(tmp_path)}
 
@@ -40,7 +42,9 @@ def trained(tiny, tmp_path):
 @pytest.mark.parametrize("name", ["..", ".", "", "/abs/dir", "a/../..", ".hidden"])
 def test_run_name_outside_output_dir_refused(trained, tmp_path, name):
     name = str(tmp_path / "victim") if name == "/abs/dir" else name
-    if name.startswith("/"): Path(name).mkdir(); (Path(name) / "data.bin").write_text("x")
+    if name.startswith("/"):
+        Path(name).mkdir()
+        (Path(name) / "data.bin").write_text("x")
     before = snapshot(tmp_path)
     p = train_cli(trained["cfg"], "--run_name", name, "--overwrite", "true")
     one_line_error(p, "run_name", "one plain folder name")
@@ -71,19 +75,46 @@ def test_papermill_defaults_do_not_overwrite(tiny, trained, tmp_path):
 
 # ------------------------------------------------------------------ 2. overwrite keeps the old run until the new one saved
 def test_failed_overwrite_keeps_old_run(trained, tmp_path):
-    p = train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--learning_rate", "1e30", "--max_grad_norm", "1e30",
-                  "--save_every_steps", "null")
+    p = train_cli(
+        trained["cfg"],
+        "--run_name",
+        "old",
+        "--overwrite",
+        "true",
+        "--learning_rate",
+        "1e30",
+        "--max_grad_norm",
+        "1e30",
+        "--save_every_steps",
+        "null",
+    )
     assert p.returncode == 2 and "non-finite loss" in p.stderr, p.stderr[-3000:]
     assert snapshot(tmp_path) == trained["before"]
 
 
 def test_killed_overwrite_restores_old_run_on_next_start(trained, tmp_path):
     runs = trained["runs"]
-    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", trained["cfg"], "--run_name", "old",
-                             "--overwrite", "true", "--save_every_steps", "1"],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "domino_research.train",
+            "--config",
+            trained["cfg"],
+            "--run_name",
+            "old",
+            "--overwrite",
+            "true",
+            "--save_every_steps",
+            "1",
+        ],
+        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait_for(lambda: (runs / "old" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
-    proc.kill(); proc.wait()
+    proc.kill()
+    proc.wait()
     assert (runs / ".old.replaced").is_dir()                      # the old run is set aside, not gone
     p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--max_steps", "2")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -104,13 +135,19 @@ def test_successful_overwrite_replaces_old_run(trained, tmp_path):
 def test_second_training_on_same_run_refused(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 2,
                                              "save_every_steps": 1, "run_name": "busy"})
-    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "domino_research.train", "--config", cfg],
+        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_for(lambda: (tmp_path / "runs" / "busy" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
         for extra in ([], ["--resume", "latest"], ["--overwrite", "true"]):
             one_line_error(train_cli(cfg, *extra), "is in use by pid", "busy")
-    finally: proc.kill(); proc.wait()
+    finally:
+        proc.kill()
+        proc.wait()
     p = train_cli(cfg, "--resume", "latest")                      # the killed holder left no stale lock
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -123,7 +160,8 @@ def test_planted_state_pt_is_refused_and_not_run(trained, tmp_path):
                        "torch.save({'optimizer': P()}, sys.argv[1])\n" % marker)
     ck = trained["runs"] / "old" / "checkpoints" / "step-2"
     subprocess.run([sys.executable, str(planted), str(ck / "state.pt")], check=True)
-    files = json.loads((ck / "files.json").read_text()); files["state.pt"] = (ck / "state.pt").stat().st_size
+    files = json.loads((ck / "files.json").read_text())
+    files["state.pt"] = (ck / "state.pt").stat().st_size
     (ck / "files.json").write_text(json.dumps(files))             # a consistent manifest: only the pickle gives it away
     p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest")
     one_line_error(p, "refusing", "state.pt")
@@ -151,11 +189,16 @@ def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage):
     assert train_cli(cfg, "--run_name", "straight").returncode == 0
     # a run of the same settings, killed while saving step 4; then its newest checkpoint (step 3) is damaged
     cfg2 = write_config(tmp_path / "c2.yaml", {**base, "run_name": "hurt"})
-    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg2],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-4:60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "domino_research.train", "--config", cfg2],
+        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-4:60"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run = tmp_path / "runs" / "hurt"
     _wait_for(lambda: (run / "checkpoints" / ".tmp-step-4" / "contract.json").exists(), proc)
-    proc.kill(); proc.wait()
+    proc.kill()
+    proc.wait()
     f = run / "checkpoints" / "step-3" / damage
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with open(run / "metrics.jsonl", "a") as m: m.write('{"step": 4, "loss": 1.2')    # a torn last line
@@ -174,7 +217,8 @@ def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage):
 def test_wandb_without_credentials_fails_fast(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "wb"})
     env = {k: v for k, v in ENV.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
-    home = tmp_path / "home"; home.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "domino_research.train", "--config", cfg, "--wandb_project", "x"], cwd=home,
                        env={**env, "HOME": str(home), "NETRC": str(home / ".netrc")}, capture_output=True, text=True, timeout=120)
@@ -200,7 +244,8 @@ def _check_intact(run):
     from domino_research.lifecycle import list_checkpoints, checkpoint_damage, load_checkpoint_state
     for ck in list_checkpoints(run):
         assert checkpoint_damage(ck) is None, checkpoint_damage(ck)
-        load_checkpoint_state(ck); load_file(ck / "draft" / "model.safetensors")
+        load_checkpoint_state(ck)
+        load_file(ck / "draft" / "model.safetensors")
     if (run / "draft").exists(): load_file(run / "draft" / "model.safetensors")
 
 
@@ -213,12 +258,15 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 12, "keep_checkpoints": 2,
             "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}   # 6 steps per epoch: crosses an epoch
     cfg = write_config(tmp_path / "c.yaml", base)
-    p = train_cli(cfg, "--run_name", "straight"); assert p.returncode == 0, p.stderr[-3000:]
+    p = train_cli(cfg, "--run_name", "straight")
+    assert p.returncode == 0, p.stderr[-3000:]
     seed = int(os.environ.get("FAULT_SEED", os.getpid()))
     rng = random.Random(seed)
     saves = ["checkpoint-step", "checkpoint-written", "checkpoint-renamed"]
     plan = saves + [rng.choice(["startup", "step", "step", rng.choice(saves)]) for _ in range(6)]
-    rng.shuffle(plan); plan.append("export-draft")                  # the export can only be the last kill
+    # the export can only be the last kill
+    rng.shuffle(plan)
+    plan.append("export-draft")
     run, log = tmp_path / "runs" / "killed", []
 
     def fresh(rel):                                                   # written by this attempt, not left by a killed one
@@ -239,13 +287,18 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
         elif kind == "step":      # steps slowed to ~0.1 s so that a random moment lands in a step or a save, not after the end
             fault, ready = {"DOMINO_FAULT_SLEEP": "optimiser-step:0.05"}, fresh("metrics.jsonl")
         t_launch = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed",
-                                 "--resume", "latest"], env={**ENV, **fault}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed", "--resume", "latest"],
+            env={**ENV, **fault},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         if kind == "startup": time.sleep(rng.uniform(0.2, 2.0))
         else: _wait_for(ready, proc)
         if kind == "step": time.sleep(rng.uniform(0.0, 0.3))
         assert proc.poll() is None, f"seed {seed}: run finished before the {kind} kill; plan {plan}, done {log}"
-        proc.kill(); proc.wait()
+        proc.kill()
+        proc.wait()
         log.append(f"{kind}@{saved}+{time.time() - t_launch:.1f}s")
         _check_intact(run)
     p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
@@ -271,7 +324,8 @@ def test_resume_latest_never_restarts_over_a_finished_run(trained, tmp_path):
 
 def test_resume_latest_with_every_checkpoint_damaged_refuses(trained, tmp_path):
     for ck in (trained["runs"] / "old" / "checkpoints").iterdir():
-        f = ck / "state.pt"; f.write_bytes(f.read_bytes()[:100])
+        f = ck / "state.pt"
+        f.write_bytes(f.read_bytes()[:100])
     before = snapshot(tmp_path)
     one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest"), "every checkpoint", "damaged")
     assert snapshot(tmp_path) == before
@@ -288,17 +342,24 @@ def test_saved_config_reused_does_not_overwrite(trained, tmp_path):
 
 
 def test_foreign_checkpoint_into_an_existing_run_refused(trained, tmp_path):
-    p = train_cli(trained["cfg"], "--run_name", "src"); assert p.returncode == 0, p.stderr[-2000:]
+    p = train_cli(trained["cfg"], "--run_name", "src")
+    assert p.returncode == 0, p.stderr[-2000:]
     before = snapshot(tmp_path)
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", str(trained["runs"] / "src" / "checkpoints" / "step-2")),
-                   "another run's checkpoint")
+    one_line_error(
+        train_cli(trained["cfg"], "--run_name", "old", "--resume", str(trained["runs"] / "src" / "checkpoints" / "step-2")),
+        "another run's checkpoint",
+    )
     assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("case", ["not_a_run", "symlink"])
 def test_overwrite_replaces_runs_only(trained, tmp_path, case):
-    precious = tmp_path / "precious"; precious.mkdir(); (precious / "thesis.tex").write_text("important\n")
-    if case == "not_a_run": (trained["runs"] / "notes").mkdir(); (trained["runs"] / "notes" / "thesis.tex").write_text("mine\n")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("important\n")
+    if case == "not_a_run":
+        (trained["runs"] / "notes").mkdir()
+        (trained["runs"] / "notes" / "thesis.tex").write_text("mine\n")
     else: (trained["runs"] / "notes").symlink_to(precious)
     before = snapshot(tmp_path)
     one_line_error(train_cli(trained["cfg"], "--run_name", "notes", "--overwrite", "true"),
@@ -315,7 +376,7 @@ def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path):
     assert snapshot(tmp_path) == before                            # the old run was not replaced by a doomed one
 
 
-# ------------------------------------------------------------------ faults that end in one line (in-process: `cli` as the user runs it)
+# ------------------------------------------- faults that end in one line (in-process: `cli` as the user runs it)
 def cli_lines(capsys, argv) -> tuple[int, str, list[str]]:
     "Run the training command line in this process: (exit status, stderr, its `error:` lines)."
     from domino_research.train import cli
@@ -327,7 +388,8 @@ def cli_lines(capsys, argv) -> tuple[int, str, list[str]]:
 @pytest.fixture
 def small_disk(tmp_path):
     "A 4 MiB tmpfs: a disk that really fills up (needs root and mount; skipped where it cannot be made)."
-    mnt = tmp_path / "disk"; mnt.mkdir()
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield mnt
@@ -340,7 +402,9 @@ def _fill(folder, leave: int = 0) -> Path:
     filler = Path(folder) / f"filler-{len(list(Path(folder).glob('filler-*')))}.bin"
     with open(filler, "wb") as f:
         try:
-            while shutil.disk_usage(folder).free > leave: f.write(b"\0" * min(65536, shutil.disk_usage(folder).free - leave or 1)); f.flush()
+            while shutil.disk_usage(folder).free > leave:
+                f.write(b"\0" * min(65536, shutil.disk_usage(folder).free - leave or 1))
+                f.flush()
         except OSError: pass                                     # full
     return filler
 

@@ -28,7 +28,8 @@ def launch(tiny, tmp_path_factory):
                                         "save_every_steps": 1, "keep_checkpoints": 3, "grad_accumulation_steps": 2,
                                         "max_eval_samples": 3})   # 3 rows on 2 ranks: one rank joins a forward with no row
     runs = [[n, {**o, **({"resume": str(runs_dir / o["resume"])} if "resume" in o else {})}] for n, o in RUNS]
-    out = tmp / "out"; out.mkdir()
+    out = tmp / "out"
+    out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", str(REPO / "tests" / "_shard_worker.py"), cfg, str(out), json.dumps(runs)]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
@@ -59,7 +60,9 @@ def test_sharded_target_stays_sharded(launch):
         for run in ("ddp", "fsdp"):
             b = rank[run]["bytes"]
             for when in ("target_after_forward", "target_after_step"):
-                assert b[when] <= whole + shard, f"{run} {when}: {b[when]} bytes resident, sharded is {whole + shard}, whole {full}"
+                assert b[when] <= whole + shard, (
+                    f"{run} {when}: {b[when]} bytes resident, sharded is {whole + shard}, whole {full}"
+                )
 
 
 def test_sharded_draft_trains_like_ddp(launch):

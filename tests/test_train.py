@@ -15,7 +15,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 def free_port():
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 GLOO_EXIT_ABORT = "terminate called without an active exception"
@@ -29,7 +30,8 @@ def finished(p, out_dir, nproc: int) -> bool:
 
 
 def run_worker(mode, cfg_path, out_dir, nproc=1, timeout=300):
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     worker = str(REPO / "tests" / "_recipe_worker.py")
     if nproc == 1: cmd = [sys.executable, worker]
     else: cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
@@ -75,7 +77,8 @@ def test_rank_without_validation_batch(tiny, tmp_path, shard):
 
 
 def test_sharded_target_trains_like_a_whole_one(tiny, tmp_path):
-    "Two ranks, 3 optimiser steps: the draft trained against an FSDP2-sharded target is bitwise the one trained against a whole target."
+    """Two ranks, 3 optimiser steps: the draft trained against an FSDP2-sharded target is bitwise the one trained against a
+    whole target."""
     weights = {}
     for shard in (False, True):
         cfg = write_config(tmp_path / f"c{shard}.yaml", {**tiny["base"], "run_name": f"shard{shard}", "max_steps": 3,
@@ -135,13 +138,15 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny, tmp_path):
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 8,
             "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}
     cfg = write_config(tmp_path / "c.yaml", base)
-    p = train_cli(cfg, "--run_name", "straight"); assert p.returncode == 0, p.stderr[-4000:]
+    p = train_cli(cfg, "--run_name", "straight")
+    assert p.returncode == 0, p.stderr[-4000:]
     kill_at = random.Random(os.getpid()).randrange(2, 7)
     ck = tmp_path / "runs" / "killed" / "checkpoints"
     proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed"],
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for(lambda: (ck / f"step-{kill_at}" / "state.pt").exists(), proc)
-    proc.send_signal(signal.SIGKILL); proc.wait()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
     assert p.returncode == 0, p.stderr[-4000:]
     a, b = _weights(tmp_path / "runs" / "straight"), _weights(tmp_path / "runs" / "killed")
@@ -160,7 +165,8 @@ def test_kill_during_checkpoint_save_keeps_previous(tiny, tmp_path):
                             env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-2:60"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for(lambda: (ck / ".tmp-step-2" / "contract.json").exists(), proc)
-    proc.send_signal(signal.SIGKILL); proc.wait()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     from domino_research.lifecycle import list_checkpoints
     assert [p.name for p in list_checkpoints(tmp_path / "runs" / "crash")] == ["step-1"]
     p = train_cli(cfg, "--resume", "latest")           # resumes from step-1, ignoring the partial save
@@ -241,12 +247,14 @@ def test_bad_config_fails_before_training(tiny, tmp_path, kw, needle):
 
 
 def test_unwritable_output_dir(tiny, tmp_path):
-    blocker = tmp_path / "file"; blocker.write_text("x")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
     assert "output_dir" in _bad(tiny, tmp_path, output_dir=str(blocker / "runs"))
 
 
 def test_unwritable_data_cache_dir(tiny, tmp_path):
-    blocker = tmp_path / "file"; blocker.write_text("x")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
     assert "data_cache_dir: cannot write" in _bad(tiny, tmp_path, data_cache_dir=str(blocker / "cache"))
 
 
@@ -260,7 +268,8 @@ def test_mismatched_resume_refused(tiny, tmp_path):
 
 
 def test_bad_yaml_names_file(tiny, tmp_path):
-    bad = tmp_path / "bad.yaml"; bad.write_text("recipe: domino\nseq_length: [unclosed\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipe: domino\nseq_length: [unclosed\n")
     p = train_cli(str(bad))
     assert p.returncode == 2 and "bad.yaml" in p.stderr and "Traceback" not in p.stderr
 
@@ -316,7 +325,8 @@ def test_cli_packing_block_too_long_for_every_conversation(tiny, tmp_path):
 
 # ------------------------------------------------------------------ resume on another number of processes
 def _sample_run(cfg_path, out_dir, nproc, stop_after=None, timeout=240):
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     worker = str(REPO / "tests" / "_sample_worker.py")
     cmd = [sys.executable, worker] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                                                         "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker]
@@ -332,7 +342,8 @@ def _samples_per_step(*out_dirs) -> dict:
     for d in out_dirs:
         for f in Path(d).glob("samples-rank*.jsonl"):
             for line in f.read_text().splitlines():
-                r = json.loads(line); steps.setdefault(r["step"], []).extend(r["rows"])
+                r = json.loads(line)
+                steps.setdefault(r["step"], []).extend(r["rows"])
     return {s: sorted(v) for s, v in sorted(steps.items())}
 
 
@@ -397,7 +408,8 @@ def test_ranks_resume_rank0_checkpoint_or_all_stop(tiny, tmp_path):
 
 def test_resume_maps_state_instead_of_reading_it(tmp_path):
     "Loading a checkpoint's 128 MiB state.pt raises the peak RSS by far less than its size: it is memory-mapped."
-    ck = tmp_path / "step-1"; ck.mkdir()
+    ck = tmp_path / "step-1"
+    ck.mkdir()
     torch.save({"optimizer": {"state": {0: {"exp_avg": torch.ones(32 * 2 ** 20)}}}, "loop": {"step": 1}}, ck / "state.pt")
     probe = ("import resource, sys\nfrom domino_research.lifecycle import load_checkpoint_state\n"
              "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
@@ -409,7 +421,8 @@ def test_resume_maps_state_instead_of_reading_it(tmp_path):
 
 
 def test_dist_timeout_minutes_bounds_a_stalled_rank(tiny, tmp_path):
-    "Rank 1 never reaches the first barrier: with dist_timeout_minutes 0.1, rank 0 gives up in about 6 s, not the default's minutes."
+    """Rank 1 never reaches the first barrier: with dist_timeout_minutes 0.1, rank 0 gives up in about 6 s, not the default's
+    minutes."""
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "stall", "dist_timeout_minutes": 0.1,
                                              "output_dir": str(tmp_path / "runs")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -433,8 +446,9 @@ def test_validation_ends_with_one_summary_line_on_the_main_process_only(tiny, tm
         res = recipe.validate()
         out, err = capsys.readouterr()
         lines = [line for line in out.splitlines() if line.startswith("validation:")]
-        assert len(lines) == 1 and re.fullmatch(rf"validation: {len(recipe.eval_set)} rows in [\d.]+ s, loss {res['eval/loss']:.3f}",
-                                                lines[0]), out
+        assert len(lines) == 1 and re.fullmatch(
+            rf"validation: {len(recipe.eval_set)} rows in [\d.]+ s, loss {res['eval/loss']:.3f}", lines[0]
+        ), out
         assert "validation" in err and "batch" in err, err                   # the bar, on stderr
         monkeypatch.setattr(type(recipe.accelerator), "is_main_process", property(lambda self: False))
         assert recipe.validate() == res                                      # the same numbers, silently
