@@ -140,3 +140,22 @@ def run_notebook(nb: str, **params) -> tuple[int, Exception | None]:
         return ran, None
     finally:
         if bars: hf_logging.enable_progress_bar()          # a driver turns the weight-loading bars off for its process
+
+
+# A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT ignored (POSIX), and so
+# would every process the tests start: the Ctrl-C tests would test the launcher, not the code. Python's own handler back.
+import signal as _signal  # noqa: E402
+if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN: _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_handler_kept():
+    """Tests run in-process share one interpreter: a test that leaves SIGINT handled otherwise (ignored, or a handler
+    of its own) would make every later Ctrl-C test in that worker pass or fail by order. Fail the test that did it."""
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"this test left SIGINT's handler changed ({before!r} -> {after!r})")

@@ -19,19 +19,34 @@ def snapshot(root) -> dict:
 def one_line_error(p, *needles):
     assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    err = [l for l in p.stderr.splitlines() if l.startswith("error: ")]
+    # `error: ...` from the run; argparse's usage errors carry the program's name first (`python -m ...: error: ...`)
+    err = [l for l in p.stderr.splitlines() if l.startswith("error: ") or ": error: " in l]
     assert len(err) == 1, p.stderr[-3000:]
     for n in needles: assert n in err[0], err[0]
     return err[0]
 
 
-@pytest.fixture
-def trained(tiny, tmp_path):
-    "A finished 2-step run `old` with checkpoints, next to a sibling run and an unrelated file in output_dir."
-    runs = tmp_path / "runs"
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 2, "save_every_steps": 1})
+@pytest.fixture(scope="module")
+def trained_once(tiny, tmp_path_factory):
+    "One finished 2-step run `old` per module and worker (a training run costs ~10 s; twenty tests use one)."
+    root = tmp_path_factory.mktemp("trained")
+    cfg = write_config(root / "c.yaml", {**tiny["base"], "output_dir": str(root / "runs"), "max_steps": 2,
+                                         "save_every_steps": 1})
     p = train_cli(cfg, "--run_name", "old")
     assert p.returncode == 0, p.stderr[-3000:]
+    return root
+
+
+@pytest.fixture
+def trained(tiny, tmp_path, trained_once):
+    """A finished 2-step run `old` with checkpoints, next to a sibling run and an unrelated file in output_dir: a copy of
+    the module's run, its config.yaml pointing here (the checkpoints keep theirs: output_dir is a resumable key)."""
+    import shutil
+    runs = tmp_path / "runs"
+    shutil.copytree(trained_once / "runs", runs, symlinks=True)
+    saved = runs / "old" / "config.yaml"
+    saved.write_text(saved.read_text().replace(str(trained_once / "runs"), str(runs)))
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 2, "save_every_steps": 1})
     (runs / "sibling").mkdir()
     (runs / "sibling" / "results.json").write_text('{"tau": 2.2}\n')
     (tmp_path / "keep.txt").write_text("a user's file next to output_dir\n")
@@ -231,8 +246,8 @@ def test_command_line_numbers_and_blame(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "n"})
     err = one_line_error(train_cli(cfg, "--seq_length", "long"), "seq_length")
     assert "command line" in err and "c.yaml" not in err
-    err = one_line_error(train_cli(cfg, "--blok_size", "4"), "blok_size")
-    assert "command line" in err and "c.yaml" not in err
+    err = one_line_error(train_cli(cfg, "--blok_size", "4"), "unknown key --blok_size", "did you mean --block_size")
+    assert "c.yaml" not in err                                   # the flag is the command line's mistake, not the file's
     p = train_cli(cfg, "--learning_rate", "1e-3", "--max_steps", "1")
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -434,7 +449,8 @@ def test_full_disk_at_save_and_resume_is_one_line(tiny, tmp_path, small_disk, ca
     filler.append(_fill(small_disk, leave=0))                   # the removed temp folder's space taken too: nothing free
     code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])  # the same disk, still full
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    assert f"no space left on the device of {run / 'config.yaml'}" in lines[0], lines
+    # the first file the resume writes in the run folder is named (which one depends on how full tmpfs lets the disk get)
+    assert f"no space left on the device of {run}" in lines[0], lines
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]   # no empty .config.yaml.tmp
     for f in filler: f.unlink()
     assert T.main(cfg, resume="latest")["step"] == 3              # space again: it finishes from step-1
