@@ -197,11 +197,20 @@ def test_resume_with_changed_hyperparameter_refused(trained, tmp_path):
 
 
 # ------------------------------------------------------------------ 9. damaged files: fall back, trim, go on
-@pytest.mark.parametrize("damage", ["state.pt", "draft/model.safetensors"])
-def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage):
-    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 4, "save_every_steps": 1, "keep_checkpoints": 3}
-    cfg = write_config(tmp_path / "c.yaml", base)
+@pytest.fixture(scope="module")
+def straight_4_steps(tiny, tmp_path_factory):
+    "The uninterrupted 4-step run both damage cases compare against (trained once per module and worker)."
+    root = tmp_path_factory.mktemp("straight")
+    cfg = write_config(root / "c.yaml", {**tiny["base"], "output_dir": str(root / "runs"), "max_steps": 4,
+                                         "save_every_steps": 1, "keep_checkpoints": 3})
     assert train_cli(cfg, "--run_name", "straight").returncode == 0
+    return root / "runs" / "straight"
+
+
+@pytest.mark.xdist_group("straight_4_steps")                      # both cases on one worker: one straight run
+@pytest.mark.parametrize("damage", ["state.pt", "draft/model.safetensors"])
+def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage, straight_4_steps):
+    base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 4, "save_every_steps": 1, "keep_checkpoints": 3}
     # a run of the same settings, killed while saving step 4; then its newest checkpoint (step 3) is damaged
     cfg2 = write_config(tmp_path / "c2.yaml", {**base, "run_name": "hurt"})
     proc = subprocess.Popen(
@@ -222,7 +231,7 @@ def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage):
     assert "step-3" in p.stderr and damage.split("/")[-1] in p.stderr and "falling back" in p.stderr
     assert "not JSON" in p.stderr and "Traceback" not in p.stderr
     assert "resumed from" in p.stdout and "step-2" in p.stdout
-    a, b = _weights(tmp_path / "runs" / "straight"), _weights(run)
+    a, b = _weights(straight_4_steps), _weights(run)
     assert all((a[k] == b[k]).all() for k in a)                   # and the result is the uninterrupted run's, bit for bit
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
@@ -382,12 +391,16 @@ def test_overwrite_replaces_runs_only(trained, tmp_path, case):
     assert snapshot(tmp_path) == before
 
 
-def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path):
+def test_contradictions_and_late_failures_caught_up_front(trained, tmp_path, capsys):
     before = snapshot(tmp_path)
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--overwrite", "true"), "overwrite")
-    one_line_error(train_cli(trained["cfg"], "--run_name", "a" * 300), "run_name", "at most 200 bytes")
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--n_eval_prompts", "2",
-                             "--decode_prompts", str(tmp_path / "typo.jsonl")), "decode_prompts", "typo.jsonl")
+    cases = [(["--run_name", "old", "--resume", "latest", "--overwrite", "true"], ["overwrite"]),
+             (["--run_name", "a" * 300], ["run_name", "at most 200 bytes"]),
+             (["--run_name", "old", "--overwrite", "true", "--n_eval_prompts", "2", "--decode_prompts",
+               str(tmp_path / "typo.jsonl")], ["decode_prompts", "typo.jsonl"])]
+    for argv, needles in cases:                                    # in this process: `cli` as the user runs it
+        code, err, lines = cli_lines(capsys, ["--config", trained["cfg"], *argv])
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        for n in needles: assert n in lines[0], lines[0]
     assert snapshot(tmp_path) == before                            # the old run was not replaced by a doomed one
 
 
