@@ -15,8 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # A stock older Python would fail deep inside pip on the first pin that needs 3.11: the venv's Python is checked first.
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || { $(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(v < (3, 11) and f"make: $(PYTHON) is Python {v[0]}.{v[1]}; the pinned packages (constraints.txt) need Python >= 3.11: run make PYTHON=python3.11 ...")' && $(PYTHON) -m venv $(VENV); }
-	# --no-compile: bytecode is written on first import, for the few modules a run imports, not for every installed file
-	$(BIN)/python -m pip install -q --no-compile --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 env: $(BIN)/.installed
