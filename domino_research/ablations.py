@@ -30,12 +30,13 @@ from .train import (
 from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'KEPT_DRAFT',
-           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
-           'lr_sweep', 'with_learning_rates', 'spread', 'compare', 'head_gain', 'summarize', 'comparisons_markdown',
-           'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
-           'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation',
-           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
+           'KEPT_DRAFT', 'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant',
+           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'spread', 'repetition_thirds', 'compare',
+           'head_gain', 'tau_by_repetition', 'repetition_summary', 'summarize', 'comparisons_markdown',
+           'repetition_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights',
+           'keep_draft', 'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation',
+           'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -228,20 +229,52 @@ def _slot_differences(num_hits, num_steps, den_hits, den_steps, n_boot: int) -> 
     return [pooled_rate_difference(num_hits[..., i], num_steps, den_hits[..., i], den_steps, n_boot=n_boot)
             for i in range(num_hits.shape[2])]
 
-# %% ../nbs/40_ablations.ipynb #2cf3f9f8
-def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
-    loops, out = np.array([bool(r["loops"]) for r in rows]), {}
-    for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
-        if not sel.any():
-            out[label] = None
-            continue
-        out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
+# %% ../nbs/40_ablations.ipynb #e83276dc
+def repetition_thirds(rows: list[dict]) -> Optional[np.ndarray]:
+    """Each prompt's third by repetition (0: the least repetitive third, 2: the most): prompts ranked by their target
+    continuation's repetition score (notebook 11), ties by prompt id, cut into thirds as equal as the count allows.
+    None for fewer than three prompts, or records without a score (decoded before it was stored)."""
+    scores = [r.get("repetition") for r in rows]
+    if len(rows) < 3 or any(s is None for s in scores): return None
+    ranked = sorted(range(len(rows)), key=lambda i: (scores[i], rows[i]["prompt_id"]))
+    third = np.empty(len(rows), dtype=int)
+    third[ranked] = np.arange(len(rows)) * 3 // len(rows)
+    return third
+
+
+# %% ../nbs/40_ablations.ipynb #3ab10d47
+def _seed_ratios(num: tuple, den: tuple, sel: np.ndarray) -> list[float]:
+    "Each seed's own τ_a / τ_b, pooled over the prompts `sel`."
+    (ca, va), (cb, vb) = ((c[sel].sum(0), v[sel].sum(0)) for c, v in (num, den))
+    return ((ca / va) / (cb / vb)).tolist()
+
+
+# %% ../nbs/40_ablations.ipynb #92938f13
+def _ratio_on(num: tuple, den: tuple, sel: np.ndarray, n_boot: int) -> Optional[dict]:
+    """τ_a / τ_b on the prompts `sel`, pooled over them and every seed: its bootstrap interval, each seed's ratio, the
+    seed t interval (two seeds or more) and the wider of the two, the one to quote (notebook 07). None: no prompt."""
+    if not sel.any(): return None
+    boot = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
+    per_seed = _seed_ratios(num, den, sel)
+    seed_t = seed_t_interval(per_seed) if len(per_seed) > 1 else None
+    return {**boot, "per_seed": per_seed, "seed_t": seed_t, "quoted": wider_interval(boot, seed_t)}
+
+
+# %% ../nbs/40_ablations.ipynb #c78b9eb2
+def _ratio_by_prompts(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
+    "The ratio on all prompts, on the looping and the other ones, and on each third by repetition (None without scores)."
+    loops, third = np.array([bool(r["loops"]) for r in rows]), repetition_thirds(rows)
+    out = {label: _ratio_on(num, den, sel, n_boot)
+           for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops))}
+    out["by_repetition"] = None if third is None else [_ratio_on(num, den, third == k, n_boot) for k in range(3)]
     out["n_looping"], out["n_prompts"], out["n_seeds"] = int(loops.sum()), len(rows), num[0].shape[1]
     return out
 
+
 # %% ../nbs/40_ablations.ipynb #5cbb3081
 def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
-    "τ_a / τ_b over the prompts and the seeds both variants have: all prompts, looping, non-looping, and per seed."
+    """τ_a / τ_b over the prompts and the seeds both variants have: all prompts, looping, non-looping, each third by
+    repetition, and per seed; `per_seed`, `seed_t` and `quoted` repeat those of all prompts."""
     shared = sorted(set(runs.get(a, {})) & set(runs.get(b, {})), key=_seed_key)
     if not shared or any("per_prompt" not in runs[v][s] for v in (a, b) for s in shared): return None
     rows = runs[a][shared[0]]["per_prompt"]
@@ -250,15 +283,13 @@ def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
             if [r["prompt_id"] for r in runs[v][s]["per_prompt"]] != [r["prompt_id"] for r in rows]:
                 raise ValueError(f"compare {a} / {b}: {v} seed {s} was decoded on other prompts than {a} seed {shared[0]}")
     num, den = _prompt_counts(runs[a], shared, "spec"), _prompt_counts(runs[b], shared, "spec")
-    per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
-                for k, s in enumerate(shared)}
     per_slot = _slot_differences(
         _slot_counts(runs[a], shared, "spec"), num[1], _slot_counts(runs[b], shared, "spec"), den[1], n_boot
     )
-    ratios = _ratio_by_loops(num, den, rows, n_boot)
-    seed_t = seed_t_interval(per_seed.values()) if len(per_seed) > 1 else None     # the seeds alone (notebook 07)
-    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **ratios, "per_seed": per_seed, "per_slot": per_slot,
-            "seed_t": seed_t, "quoted": wider_interval(ratios["all"], seed_t)}
+    ratios, seeds = _ratio_by_prompts(num, den, rows, n_boot), [str(s) for s in shared]
+    per_seed = dict(zip(seeds, ratios["all"]["per_seed"]))
+    return {"num": a, "den": b, "seeds": seeds, **ratios, "per_seed": per_seed, "per_slot": per_slot,
+            "seed_t": ratios["all"]["seed_t"], "quoted": ratios["all"]["quoted"]}
 
 # %% ../nbs/40_ablations.ipynb #e0877206
 def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
@@ -267,7 +298,7 @@ def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
     if not shared or any("per_prompt" not in seeds[s] for s in shared): return None
     num, den = _prompt_counts(seeds, shared, "spec"), _prompt_counts(seeds, shared, "base")
     per_slot = _slot_differences(_slot_counts(seeds, shared, "spec"), num[1], _slot_counts(seeds, shared, "base"), den[1], n_boot)
-    return {**_ratio_by_loops(num, den, seeds[shared[0]]["per_prompt"], n_boot), "per_slot": per_slot}
+    return {**_ratio_by_prompts(num, den, seeds[shared[0]]["per_prompt"], n_boot), "per_slot": per_slot}
 
 # %% ../nbs/40_ablations.ipynb #4786f8a1
 SEED_KEYS = (
@@ -294,6 +325,27 @@ LATENCY_KEYS = ("draft_ms", "step_ms", "tau_per_draft_ms", "tau_per_step_ms")   
 def _mean_lists(lists: list[list[float]]) -> list[float]:
     return [statistics.fmean(col) for col in zip(*lists)] if lists else []
 
+# %% ../nbs/40_ablations.ipynb #9d00cd69
+def tau_by_repetition(seeds: dict) -> Optional[list[dict]]:
+    "τ on each third by repetition: each seed's τ pooled over the third's prompts, then its spread over seeds."
+    order = sorted(seeds, key=_seed_key)
+    if any("per_prompt" not in seeds[s] for s in order): return None
+    third = repetition_thirds(seeds[order[0]]["per_prompt"])
+    if third is None: return None
+    committed, steps = _prompt_counts(seeds, order, "spec")
+    return [spread((committed[third == k].sum(0) / steps[third == k].sum(0)).tolist()) for k in range(3)]
+
+
+# %% ../nbs/40_ablations.ipynb #6d71581d
+def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
+    "Prompt count and the range of repetition scores of each third (None without scores)."
+    third = repetition_thirds(rows)
+    if third is None: return None
+    scores = np.array([r["repetition"] for r in rows], dtype=float)
+    return [{"n": int((third == k).sum()), "min": float(scores[third == k].min()), "max": float(scores[third == k].max())}
+            for k in range(3)]
+
+
 # %% ../nbs/40_ablations.ipynb #2ab9c7e9
 def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
     "results.json: `runs` is {variant: {seed: record}} (records as written by `run_one`), `variants` the Variant table."
@@ -313,8 +365,12 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
             "per_slot_acceptance": _mean_lists([r["per_slot_acceptance"] for r in recs]),
             "per_slot_acceptance_base": _mean_lists([r["per_slot_acceptance_base"] for r in recs]),
             "lossless": all(r["lossless"] for r in recs),
+            "tau_by_repetition": tau_by_repetition(seeds),
             "per_seed": {str(s): {k: seeds[s].get(k) for k in SEED_KEYS} for s in order}}
     for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
+    decoded = [seeds[min(seeds, key=_seed_key)]["per_prompt"] for seeds in runs.values() if seeds
+               and all("per_prompt" in r for r in seeds.values())]
+    out["repetition"] = repetition_summary(decoded[0]) if decoded else None
     out["comparisons"] = [{**c, "question": q} for a, b, q in COMPARISONS if (c := compare(runs, a, b, n_boot)) is not None]
     return out
 
@@ -337,27 +393,44 @@ def _fmt_ci(r: Optional[dict]) -> str:
     return "–" if r is None else f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
 
 # %% ../nbs/40_ablations.ipynb #692ae5ed
+THIRDS = ("least repetitive third", "middle third", "most repetitive third")
+
 def comparisons_markdown(res: dict) -> list[str]:
-    "The comparisons (and each head's gain inside its own drafts) as a markdown table, with 95 % intervals."
+    """The comparisons (and each head's gain inside its own drafts) as a markdown table: the ratio on all prompts with
+    both 95 % intervals and the quoted one, then on each third by repetition (quoted interval), then per seed."""
     rows = [(f"`{c['num']}` / `{c['den']}`", c["question"], c) for c in res.get("comparisons", [])]
     rows += [(f"`{n}` with / without head", "the head, inside the same drafts", d["head_gain"])
              for n, d in res["variants"].items() if d.get("head_gain")]
     if not rows: return []
-    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed | seed t [95 %] | quoted |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["", "| τ ratio | question | all prompts [bootstrap 95 %] | seed t [95 %] | quoted | " + " | ".join(THIRDS) +
+           " | per seed |", "|---|---|---|---|---|---|---|---|---|"]
     for name, q, c in rows:
-        seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
-        quoted = c.get("quoted") or {}
-        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} | "
-                   f"{_fmt_ci(c.get('seed_t'))} | {quoted.get('interval', 'bootstrap')} |")
+        every = c["all"]
+        seeds = ", ".join(f"{v:.3f}" for v in every.get("per_seed", [])) or "–"
+        thirds = c.get("by_repetition") or [None] * 3
+        out.append(f"| {name} | {q} | {_fmt_ci(every)} | {_fmt_ci(every.get('seed_t'))} | "
+                   f"{(every.get('quoted') or {}).get('interval', 'bootstrap')} | "
+                   + " | ".join(_fmt_ci(t and t["quoted"]) for t in thirds) + f" | {seeds} |")
     n = rows[0][2]
     out += [
         "",
-        f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled; "
-        f"{n['n_looping']} of the prompts have a target continuation that loops. seed t: Student's t over the per-seed ratios; "
-        "quoted: the wider of the two intervals, the one to cite.",
+        f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled. "
+        "seed t: Student's t over the per-seed ratios (two seeds or more). quoted: the wider of the two, the one to cite; "
+        "the thirds show their quoted interval. Thirds: the prompts ranked by the repetition score of the target's "
+        "continuation (the share of its tokens inside a 4-gram that occurred earlier in prompt + continuation) and cut "
+        f"into thirds; {n['n_looping']} of the prompts have a continuation that loops.",
     ]
     return out
+
+def repetition_markdown(res: dict) -> list[str]:
+    "τ of every variant on all prompts and on each third by repetition (mean ± std over seeds)."
+    thirds, rows = res.get("repetition"), [(n, d) for n, d in res["variants"].items() if d.get("tau_by_repetition")]
+    if not thirds or not rows: return []
+    head = " | ".join(f"{name}: score {t['min']:.2f}–{t['max']:.2f}, {t['n']} prompts" for name, t in zip(THIRDS, thirds))
+    out = ["", f"| variant | τ, all prompts | {head} |", "|---|---|---|---|---|"]
+    out += [f"| `{n}` | {_fmt(d['tau'])} | " + " | ".join(_fmt(t) for t in d["tau_by_repetition"]) + " |" for n, d in rows]
+    return out
+
 
 # %% ../nbs/40_ablations.ipynb #ba4b61e6
 def results_markdown(res: dict) -> str:
@@ -377,7 +450,7 @@ def results_markdown(res: dict) -> str:
                      f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {_fmt(d['accuracy'], 3)} | "
                      f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} | {_fmt(d.get('draft_ms'), 3)} | "
                      f"{_fmt(d.get('tau_per_draft_ms'))} |")
-    lines += comparisons_markdown(res)
+    lines += repetition_markdown(res) + comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
                   "split. ± is the sample std over seeds. draft ms / step: the draft's time per verify step (backbone and head "
