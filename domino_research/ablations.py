@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import numpy as np
+import yaml
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
@@ -32,11 +33,12 @@ from .embedded import resolve_data_path, resolve_target_path
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
            'KEPT_DRAFT', 'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant',
-           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'spread', 'repetition_thirds', 'compare',
-           'head_gain', 'tau_by_repetition', 'repetition_summary', 'summarize', 'comparisons_markdown',
-           'repetition_markdown', 'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights',
-           'keep_draft', 'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation',
-           'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from',
+           'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
+           'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
+           'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
+           'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation', 'budget_summary', 'budget_markdown',
+           'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -180,6 +182,45 @@ def with_learning_rates(rates: dict, table: Optional[dict] = None) -> dict:
     table = VARIANTS if table is None else table
     return {n: with_learning_rate(v, rates[n]) if n in rates else v for n, v in table.items()}
 
+# %% ../nbs/40_ablations.ipynb #bfc998f0
+def best_learning_rates(res: dict, metric: str = "accept_len") -> dict:
+    """{variant: learning rate} of an LR sweep's results (runs named by `lr_sweep`): per variant, the rate whose runs
+    have the highest mean `metric`, by default the teacher-forced acceptance length on the validation split."""
+    best = {}
+    for name, d in res["variants"].items():
+        base, sep, _ = name.rpartition("_lr")
+        lr = d["changes"].get("learning_rate")
+        if not sep or lr is None:
+            raise ConfigError(f"best_learning_rates: {name!r} is not a run of an LR sweep (named <variant>_lr<rate>)")
+        if d[metric]["mean"] is None: raise ConfigError(f"best_learning_rates: {name!r} has no {metric} (no validation)")
+        if base not in best or d[metric]["mean"] > best[base][1]: best[base] = (lr, d[metric]["mean"])
+    return {n: lr for n, (lr, _) in best.items()}
+
+
+# %% ../nbs/40_ablations.ipynb #c6c2f005
+def _rate(where: str, name: str, value) -> float:
+    try: lr = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError: lr = None
+    if lr is None or not 0 < lr < float("inf"):
+        raise ConfigError(f"{where}: {name}: the learning rate must be a number > 0 (got {value!r})")
+    return lr
+
+def learning_rates_from(spec, table: Optional[dict] = None, where: str = "learning_rates") -> dict:
+    """{variant: learning rate} from a mapping, YAML text ("{domino: 3e-3}") or the path of a .json/.yaml file of one
+    (an LR sweep's best_lr.json); every name a variant of `table`, every rate a number > 0 (YAML's "3e-3" included)."""
+    table = VARIANTS if table is None else table
+    if isinstance(spec, (str, Path)) and Path(spec).suffix in (".json", ".yaml", ".yml"):
+        if not Path(spec).is_file(): raise ConfigError(f"{where}: {spec} does not exist")
+        where, spec = str(spec), yaml.safe_load(Path(spec).read_text())      # JSON is YAML
+    elif isinstance(spec, str): spec = yaml.safe_load(spec)
+    if spec is None: return {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: must map variants to learning rates, e.g. {{domino: 3e-3}} (got {spec!r})")
+    unknown = sorted(set(map(str, spec)) - set(table))
+    if unknown: raise ConfigError(f"{where}: unknown variants {unknown}; choose from {list(table)}")
+    return {str(n): _rate(where, n, v) for n, v in spec.items()}
+
+
 # %% ../nbs/40_ablations.ipynb #75a88c19
 def _seed_key(s): return (0, int(s), "") if str(s).lstrip("-").isdigit() else (1, 0, str(s))   # 2 before 10
 
@@ -229,7 +270,7 @@ def _slot_differences(num_hits, num_steps, den_hits, den_steps, n_boot: int) -> 
     return [pooled_rate_difference(num_hits[..., i], num_steps, den_hits[..., i], den_steps, n_boot=n_boot)
             for i in range(num_hits.shape[2])]
 
-# %% ../nbs/40_ablations.ipynb #e83276dc
+# %% ../nbs/40_ablations.ipynb #1d57d21c
 def repetition_thirds(rows: list[dict]) -> Optional[np.ndarray]:
     """Each prompt's third by repetition (0: the least repetitive third, 2: the most): prompts ranked by their target
     continuation's repetition score (notebook 11), ties by prompt id, cut into thirds as equal as the count allows.
@@ -242,14 +283,14 @@ def repetition_thirds(rows: list[dict]) -> Optional[np.ndarray]:
     return third
 
 
-# %% ../nbs/40_ablations.ipynb #3ab10d47
+# %% ../nbs/40_ablations.ipynb #7cd9869e
 def _seed_ratios(num: tuple, den: tuple, sel: np.ndarray) -> list[float]:
     "Each seed's own τ_a / τ_b, pooled over the prompts `sel`."
     (ca, va), (cb, vb) = ((c[sel].sum(0), v[sel].sum(0)) for c, v in (num, den))
     return ((ca / va) / (cb / vb)).tolist()
 
 
-# %% ../nbs/40_ablations.ipynb #92938f13
+# %% ../nbs/40_ablations.ipynb #7c831005
 def _ratio_on(num: tuple, den: tuple, sel: np.ndarray, n_boot: int) -> Optional[dict]:
     """τ_a / τ_b on the prompts `sel`, pooled over them and every seed: its bootstrap interval, each seed's ratio, the
     seed t interval (two seeds or more) and the wider of the two, the one to quote (notebook 07). None: no prompt."""
@@ -260,7 +301,7 @@ def _ratio_on(num: tuple, den: tuple, sel: np.ndarray, n_boot: int) -> Optional[
     return {**boot, "per_seed": per_seed, "seed_t": seed_t, "quoted": wider_interval(boot, seed_t)}
 
 
-# %% ../nbs/40_ablations.ipynb #c78b9eb2
+# %% ../nbs/40_ablations.ipynb #5d44d188
 def _ratio_by_prompts(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
     "The ratio on all prompts, on the looping and the other ones, and on each third by repetition (None without scores)."
     loops, third = np.array([bool(r["loops"]) for r in rows]), repetition_thirds(rows)
@@ -325,7 +366,7 @@ LATENCY_KEYS = ("draft_ms", "step_ms", "tau_per_draft_ms", "tau_per_step_ms")   
 def _mean_lists(lists: list[list[float]]) -> list[float]:
     return [statistics.fmean(col) for col in zip(*lists)] if lists else []
 
-# %% ../nbs/40_ablations.ipynb #9d00cd69
+# %% ../nbs/40_ablations.ipynb #38d95938
 def tau_by_repetition(seeds: dict) -> Optional[list[dict]]:
     "τ on each third by repetition: each seed's τ pooled over the third's prompts, then its spread over seeds."
     order = sorted(seeds, key=_seed_key)
@@ -336,7 +377,7 @@ def tau_by_repetition(seeds: dict) -> Optional[list[dict]]:
     return [spread((committed[third == k].sum(0) / steps[third == k].sum(0)).tolist()) for k in range(3)]
 
 
-# %% ../nbs/40_ablations.ipynb #6d71581d
+# %% ../nbs/40_ablations.ipynb #0026b552
 def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
     "Prompt count and the range of repetition scores of each third (None without scores)."
     third = repetition_thirds(rows)
