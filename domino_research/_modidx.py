@@ -28,6 +28,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                              'domino_research/ablations.py'),
                                            'domino_research.ablations._mean_lists': ( 'ablations.html#_mean_lists',
                                                                                       'domino_research/ablations.py'),
+                                           'domino_research.ablations._plot_tau_by_repetition': ( 'ablations.html#_plot_tau_by_repetition',
+                                                                                                  'domino_research/ablations.py'),
                                            'domino_research.ablations._plot_training_curves': ( 'ablations.html#_plot_training_curves',
                                                                                                 'domino_research/ablations.py'),
                                            'domino_research.ablations._prompt_counts': ( 'ablations.html#_prompt_counts',

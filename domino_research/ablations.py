@@ -182,7 +182,7 @@ def with_learning_rates(rates: dict, table: Optional[dict] = None) -> dict:
     table = VARIANTS if table is None else table
     return {n: with_learning_rate(v, rates[n]) if n in rates else v for n, v in table.items()}
 
-# %% ../nbs/40_ablations.ipynb #bfc998f0
+# %% ../nbs/40_ablations.ipynb #20ab6285
 def best_learning_rates(res: dict, metric: str = "accept_len") -> dict:
     """{variant: learning rate} of an LR sweep's results (runs named by `lr_sweep`): per variant, the rate whose runs
     have the highest mean `metric`, by default the teacher-forced acceptance length on the validation split."""
@@ -197,7 +197,7 @@ def best_learning_rates(res: dict, metric: str = "accept_len") -> dict:
     return {n: lr for n, (lr, _) in best.items()}
 
 
-# %% ../nbs/40_ablations.ipynb #c6c2f005
+# %% ../nbs/40_ablations.ipynb #71a3fdeb
 def _rate(where: str, name: str, value) -> float:
     try: lr = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
     except ValueError: lr = None
@@ -530,9 +530,33 @@ def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -
     fig.savefig(path, dpi=100)
     return path
 
+# %% ../nbs/40_ablations.ipynb #c9efa34e
+def _plot_tau_by_repetition(res: dict, colors: dict, path: Path) -> Optional[Path]:
+    """τ of every variant on all prompts and on each third by repetition: grouped bars (mean over seeds, whiskers
+    min–max); where a copy drafter shines (the top third) and where a draft must earn its τ (the bottom one)."""
+    from matplotlib.figure import Figure
+    rows = {n: d for n, d in res["variants"].items() if d.get("tau_by_repetition")}
+    if not rows or not res.get("repetition"): return None
+    groups = ["all prompts", *(f"{t}\n(score {r['min']:.2f}–{r['max']:.2f})" for t, r in zip(THIRDS, res["repetition"]))]
+    fig = Figure(figsize=(max(7, 1.2 * len(groups) * (len(rows) + 1) / 2), 4))
+    ax, width = fig.subplots(), 0.8 / len(rows)
+    for k, (n, d) in enumerate(rows.items()):
+        for g, s in enumerate([d["tau"], *d["tau_by_repetition"]]):
+            x = g + (k - (len(rows) - 1) / 2) * width
+            ax.bar(x, s["mean"], width, color=colors[n], alpha=0.7, label=n if g == 0 else None)
+            ax.errorbar(x, s["mean"], yerr=[[s["mean"] - s["min"]], [s["max"] - s["mean"]]], color="k", capsize=2, lw=0.8)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set(ylabel="τ (tokens / target forward)", title="τ by repetition of the target's continuation (bars: mean over seeds)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 # %% ../nbs/40_ablations.ipynb #9b2feb5a
 def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Path]:
-    "tau.png, training_curves.png (if `run_dirs` {variant: {seed: dir}} is given) and per_slot_acceptance.png in out_dir."
+    """tau.png, training_curves.png (if `run_dirs` {variant: {seed: dir}} is given), tau_by_repetition.png (if the records
+    have repetition scores) and per_slot_acceptance.png in out_dir."""
     from matplotlib.figure import Figure
     out, paths = Path(out_dir), []
     names = list(res["variants"])
@@ -553,6 +577,7 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     paths.append(out / "tau.png")
     fig.savefig(paths[-1], dpi=100)
     if run_dirs: paths.append(_plot_training_curves(res, run_dirs, colors, out / "training_curves.png"))
+    if (p := _plot_tau_by_repetition(res, colors, out / "tau_by_repetition.png")) is not None: paths.append(p)
     fig = Figure(figsize=(7, 3.8))
     ax = fig.subplots()
     for n in names:
