@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import numpy as np
+import yaml
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
@@ -30,12 +31,14 @@ from .train import (
 from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES', 'KEPT_DRAFT',
-           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
-           'lr_sweep', 'with_learning_rates', 'spread', 'compare', 'head_gain', 'summarize', 'comparisons_markdown',
-           'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
-           'latency', 'stopwatch', 'finished_record', 'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation',
-           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+__all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
+           'KEPT_DRAFT', 'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant',
+           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from',
+           'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
+           'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
+           'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
+           'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation', 'budget_summary', 'budget_markdown',
+           'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -179,6 +182,45 @@ def with_learning_rates(rates: dict, table: Optional[dict] = None) -> dict:
     table = VARIANTS if table is None else table
     return {n: with_learning_rate(v, rates[n]) if n in rates else v for n, v in table.items()}
 
+# %% ../nbs/40_ablations.ipynb #20ab6285
+def best_learning_rates(res: dict, metric: str = "accept_len") -> dict:
+    """{variant: learning rate} of an LR sweep's results (runs named by `lr_sweep`): per variant, the rate whose runs
+    have the highest mean `metric`, by default the teacher-forced acceptance length on the validation split."""
+    best = {}
+    for name, d in res["variants"].items():
+        base, sep, _ = name.rpartition("_lr")
+        lr = d["changes"].get("learning_rate")
+        if not sep or lr is None:
+            raise ConfigError(f"best_learning_rates: {name!r} is not a run of an LR sweep (named <variant>_lr<rate>)")
+        if d[metric]["mean"] is None: raise ConfigError(f"best_learning_rates: {name!r} has no {metric} (no validation)")
+        if base not in best or d[metric]["mean"] > best[base][1]: best[base] = (lr, d[metric]["mean"])
+    return {n: lr for n, (lr, _) in best.items()}
+
+
+# %% ../nbs/40_ablations.ipynb #71a3fdeb
+def _rate(where: str, name: str, value) -> float:
+    try: lr = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError: lr = None
+    if lr is None or not 0 < lr < float("inf"):
+        raise ConfigError(f"{where}: {name}: the learning rate must be a number > 0 (got {value!r})")
+    return lr
+
+def learning_rates_from(spec, table: Optional[dict] = None, where: str = "learning_rates") -> dict:
+    """{variant: learning rate} from a mapping, YAML text ("{domino: 3e-3}") or the path of a .json/.yaml file of one
+    (an LR sweep's best_lr.json); every name a variant of `table`, every rate a number > 0 (YAML's "3e-3" included)."""
+    table = VARIANTS if table is None else table
+    if isinstance(spec, (str, Path)) and Path(spec).suffix in (".json", ".yaml", ".yml"):
+        if not Path(spec).is_file(): raise ConfigError(f"{where}: {spec} does not exist")
+        where, spec = str(spec), yaml.safe_load(Path(spec).read_text())      # JSON is YAML
+    elif isinstance(spec, str): spec = yaml.safe_load(spec)
+    if spec is None: return {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: must map variants to learning rates, e.g. {{domino: 3e-3}} (got {spec!r})")
+    unknown = sorted(set(map(str, spec)) - set(table))
+    if unknown: raise ConfigError(f"{where}: unknown variants {unknown}; choose from {list(table)}")
+    return {str(n): _rate(where, n, v) for n, v in spec.items()}
+
+
 # %% ../nbs/40_ablations.ipynb #75a88c19
 def _seed_key(s): return (0, int(s), "") if str(s).lstrip("-").isdigit() else (1, 0, str(s))   # 2 before 10
 
@@ -228,20 +270,52 @@ def _slot_differences(num_hits, num_steps, den_hits, den_steps, n_boot: int) -> 
     return [pooled_rate_difference(num_hits[..., i], num_steps, den_hits[..., i], den_steps, n_boot=n_boot)
             for i in range(num_hits.shape[2])]
 
-# %% ../nbs/40_ablations.ipynb #2cf3f9f8
-def _ratio_by_loops(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
-    loops, out = np.array([bool(r["loops"]) for r in rows]), {}
-    for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops)):
-        if not sel.any():
-            out[label] = None
-            continue
-        out[label] = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
+# %% ../nbs/40_ablations.ipynb #1d57d21c
+def repetition_thirds(rows: list[dict]) -> Optional[np.ndarray]:
+    """Each prompt's third by repetition (0: the least repetitive third, 2: the most): prompts ranked by their target
+    continuation's repetition score (notebook 11), ties by prompt id, cut into thirds as equal as the count allows.
+    None for fewer than three prompts, or records without a score (decoded before it was stored)."""
+    scores = [r.get("repetition") for r in rows]
+    if len(rows) < 3 or any(s is None for s in scores): return None
+    ranked = sorted(range(len(rows)), key=lambda i: (scores[i], rows[i]["prompt_id"]))
+    third = np.empty(len(rows), dtype=int)
+    third[ranked] = np.arange(len(rows)) * 3 // len(rows)
+    return third
+
+
+# %% ../nbs/40_ablations.ipynb #7cd9869e
+def _seed_ratios(num: tuple, den: tuple, sel: np.ndarray) -> list[float]:
+    "Each seed's own τ_a / τ_b, pooled over the prompts `sel`."
+    (ca, va), (cb, vb) = ((c[sel].sum(0), v[sel].sum(0)) for c, v in (num, den))
+    return ((ca / va) / (cb / vb)).tolist()
+
+
+# %% ../nbs/40_ablations.ipynb #7c831005
+def _ratio_on(num: tuple, den: tuple, sel: np.ndarray, n_boot: int) -> Optional[dict]:
+    """τ_a / τ_b on the prompts `sel`, pooled over them and every seed: its bootstrap interval, each seed's ratio, the
+    seed t interval (two seeds or more) and the wider of the two, the one to quote (notebook 07). None: no prompt."""
+    if not sel.any(): return None
+    boot = pooled_tau_ratio(num[0][sel], num[1][sel], den[0][sel], den[1][sel], n_boot=n_boot)
+    per_seed = _seed_ratios(num, den, sel)
+    seed_t = seed_t_interval(per_seed) if len(per_seed) > 1 else None
+    return {**boot, "per_seed": per_seed, "seed_t": seed_t, "quoted": wider_interval(boot, seed_t)}
+
+
+# %% ../nbs/40_ablations.ipynb #5d44d188
+def _ratio_by_prompts(num: tuple, den: tuple, rows: list[dict], n_boot: int) -> dict:
+    "The ratio on all prompts, on the looping and the other ones, and on each third by repetition (None without scores)."
+    loops, third = np.array([bool(r["loops"]) for r in rows]), repetition_thirds(rows)
+    out = {label: _ratio_on(num, den, sel, n_boot)
+           for label, sel in (("all", np.ones_like(loops)), ("looping", loops), ("non_looping", ~loops))}
+    out["by_repetition"] = None if third is None else [_ratio_on(num, den, third == k, n_boot) for k in range(3)]
     out["n_looping"], out["n_prompts"], out["n_seeds"] = int(loops.sum()), len(rows), num[0].shape[1]
     return out
 
+
 # %% ../nbs/40_ablations.ipynb #5cbb3081
 def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
-    "τ_a / τ_b over the prompts and the seeds both variants have: all prompts, looping, non-looping, and per seed."
+    """τ_a / τ_b over the prompts and the seeds both variants have: all prompts, looping, non-looping, each third by
+    repetition, and per seed; `per_seed`, `seed_t` and `quoted` repeat those of all prompts."""
     shared = sorted(set(runs.get(a, {})) & set(runs.get(b, {})), key=_seed_key)
     if not shared or any("per_prompt" not in runs[v][s] for v in (a, b) for s in shared): return None
     rows = runs[a][shared[0]]["per_prompt"]
@@ -250,15 +324,13 @@ def compare(runs: dict, a: str, b: str, n_boot: int = 10000) -> Optional[dict]:
             if [r["prompt_id"] for r in runs[v][s]["per_prompt"]] != [r["prompt_id"] for r in rows]:
                 raise ValueError(f"compare {a} / {b}: {v} seed {s} was decoded on other prompts than {a} seed {shared[0]}")
     num, den = _prompt_counts(runs[a], shared, "spec"), _prompt_counts(runs[b], shared, "spec")
-    per_seed = {str(s): float((num[0][:, k].sum() / num[1][:, k].sum()) / (den[0][:, k].sum() / den[1][:, k].sum()))
-                for k, s in enumerate(shared)}
     per_slot = _slot_differences(
         _slot_counts(runs[a], shared, "spec"), num[1], _slot_counts(runs[b], shared, "spec"), den[1], n_boot
     )
-    ratios = _ratio_by_loops(num, den, rows, n_boot)
-    seed_t = seed_t_interval(per_seed.values()) if len(per_seed) > 1 else None     # the seeds alone (notebook 07)
-    return {"num": a, "den": b, "seeds": [str(s) for s in shared], **ratios, "per_seed": per_seed, "per_slot": per_slot,
-            "seed_t": seed_t, "quoted": wider_interval(ratios["all"], seed_t)}
+    ratios, seeds = _ratio_by_prompts(num, den, rows, n_boot), [str(s) for s in shared]
+    per_seed = dict(zip(seeds, ratios["all"]["per_seed"]))
+    return {"num": a, "den": b, "seeds": seeds, **ratios, "per_seed": per_seed, "per_slot": per_slot,
+            "seed_t": ratios["all"]["seed_t"], "quoted": ratios["all"]["quoted"]}
 
 # %% ../nbs/40_ablations.ipynb #e0877206
 def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
@@ -267,7 +339,7 @@ def head_gain(seeds: dict, n_boot: int = 10000) -> Optional[dict]:
     if not shared or any("per_prompt" not in seeds[s] for s in shared): return None
     num, den = _prompt_counts(seeds, shared, "spec"), _prompt_counts(seeds, shared, "base")
     per_slot = _slot_differences(_slot_counts(seeds, shared, "spec"), num[1], _slot_counts(seeds, shared, "base"), den[1], n_boot)
-    return {**_ratio_by_loops(num, den, seeds[shared[0]]["per_prompt"], n_boot), "per_slot": per_slot}
+    return {**_ratio_by_prompts(num, den, seeds[shared[0]]["per_prompt"], n_boot), "per_slot": per_slot}
 
 # %% ../nbs/40_ablations.ipynb #4786f8a1
 SEED_KEYS = (
@@ -294,6 +366,27 @@ LATENCY_KEYS = ("draft_ms", "step_ms", "tau_per_draft_ms", "tau_per_step_ms")   
 def _mean_lists(lists: list[list[float]]) -> list[float]:
     return [statistics.fmean(col) for col in zip(*lists)] if lists else []
 
+# %% ../nbs/40_ablations.ipynb #38d95938
+def tau_by_repetition(seeds: dict) -> Optional[list[dict]]:
+    "τ on each third by repetition: each seed's τ pooled over the third's prompts, then its spread over seeds."
+    order = sorted(seeds, key=_seed_key)
+    if any("per_prompt" not in seeds[s] for s in order): return None
+    third = repetition_thirds(seeds[order[0]]["per_prompt"])
+    if third is None: return None
+    committed, steps = _prompt_counts(seeds, order, "spec")
+    return [spread((committed[third == k].sum(0) / steps[third == k].sum(0)).tolist()) for k in range(3)]
+
+
+# %% ../nbs/40_ablations.ipynb #0026b552
+def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
+    "Prompt count and the range of repetition scores of each third (None without scores)."
+    third = repetition_thirds(rows)
+    if third is None: return None
+    scores = np.array([r["repetition"] for r in rows], dtype=float)
+    return [{"n": int((third == k).sum()), "min": float(scores[third == k].min()), "max": float(scores[third == k].max())}
+            for k in range(3)]
+
+
 # %% ../nbs/40_ablations.ipynb #2ab9c7e9
 def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
     "results.json: `runs` is {variant: {seed: record}} (records as written by `run_one`), `variants` the Variant table."
@@ -313,8 +406,12 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
             "per_slot_acceptance": _mean_lists([r["per_slot_acceptance"] for r in recs]),
             "per_slot_acceptance_base": _mean_lists([r["per_slot_acceptance_base"] for r in recs]),
             "lossless": all(r["lossless"] for r in recs),
+            "tau_by_repetition": tau_by_repetition(seeds),
             "per_seed": {str(s): {k: seeds[s].get(k) for k in SEED_KEYS} for s in order}}
     for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
+    decoded = [seeds[min(seeds, key=_seed_key)]["per_prompt"] for seeds in runs.values() if seeds
+               and all("per_prompt" in r for r in seeds.values())]
+    out["repetition"] = repetition_summary(decoded[0]) if decoded else None
     out["comparisons"] = [{**c, "question": q} for a, b, q in COMPARISONS if (c := compare(runs, a, b, n_boot)) is not None]
     return out
 
@@ -337,27 +434,44 @@ def _fmt_ci(r: Optional[dict]) -> str:
     return "–" if r is None else f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
 
 # %% ../nbs/40_ablations.ipynb #692ae5ed
+THIRDS = ("least repetitive third", "middle third", "most repetitive third")
+
 def comparisons_markdown(res: dict) -> list[str]:
-    "The comparisons (and each head's gain inside its own drafts) as a markdown table, with 95 % intervals."
+    """The comparisons (and each head's gain inside its own drafts) as a markdown table: the ratio on all prompts with
+    both 95 % intervals and the quoted one, then on each third by repetition (quoted interval), then per seed."""
     rows = [(f"`{c['num']}` / `{c['den']}`", c["question"], c) for c in res.get("comparisons", [])]
     rows += [(f"`{n}` with / without head", "the head, inside the same drafts", d["head_gain"])
              for n, d in res["variants"].items() if d.get("head_gain")]
     if not rows: return []
-    out = ["", "| τ ratio | question | all prompts [95 % CI] | looping | non-looping | per seed | seed t [95 %] | quoted |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["", "| τ ratio | question | all prompts [bootstrap 95 %] | seed t [95 %] | quoted | " + " | ".join(THIRDS) +
+           " | per seed |", "|---|---|---|---|---|---|---|---|---|"]
     for name, q, c in rows:
-        seeds = ", ".join(f"{v:.3f}" for v in c.get("per_seed", {}).values()) or "–"
-        quoted = c.get("quoted") or {}
-        out.append(f"| {name} | {q} | {_fmt_ci(c['all'])} | {_fmt_ci(c['looping'])} | {_fmt_ci(c['non_looping'])} | {seeds} | "
-                   f"{_fmt_ci(c.get('seed_t'))} | {quoted.get('interval', 'bootstrap')} |")
+        every = c["all"]
+        seeds = ", ".join(f"{v:.3f}" for v in every.get("per_seed", [])) or "–"
+        thirds = c.get("by_repetition") or [None] * 3
+        out.append(f"| {name} | {q} | {_fmt_ci(every)} | {_fmt_ci(every.get('seed_t'))} | "
+                   f"{(every.get('quoted') or {}).get('interval', 'bootstrap')} | "
+                   + " | ".join(_fmt_ci(t and t["quoted"]) for t in thirds) + f" | {seeds} |")
     n = rows[0][2]
     out += [
         "",
-        f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled; "
-        f"{n['n_looping']} of the prompts have a target continuation that loops. seed t: Student's t over the per-seed ratios; "
-        "quoted: the wider of the two intervals, the one to cite.",
+        f"Intervals: paired bootstrap over the {n['n_prompts']} prompts and the {n['n_seeds']} seeds, both resampled. "
+        "seed t: Student's t over the per-seed ratios (two seeds or more). quoted: the wider of the two, the one to cite; "
+        "the thirds show their quoted interval. Thirds: the prompts ranked by the repetition score of the target's "
+        "continuation (the share of its tokens inside a 4-gram that occurred earlier in prompt + continuation) and cut "
+        f"into thirds; {n['n_looping']} of the prompts have a continuation that loops.",
     ]
     return out
+
+def repetition_markdown(res: dict) -> list[str]:
+    "τ of every variant on all prompts and on each third by repetition (mean ± std over seeds)."
+    thirds, rows = res.get("repetition"), [(n, d) for n, d in res["variants"].items() if d.get("tau_by_repetition")]
+    if not thirds or not rows: return []
+    head = " | ".join(f"{name}: score {t['min']:.2f}–{t['max']:.2f}, {t['n']} prompts" for name, t in zip(THIRDS, thirds))
+    out = ["", f"| variant | τ, all prompts | {head} |", "|---|---|---|---|---|"]
+    out += [f"| `{n}` | {_fmt(d['tau'])} | " + " | ".join(_fmt(t) for t in d["tau_by_repetition"]) + " |" for n, d in rows]
+    return out
+
 
 # %% ../nbs/40_ablations.ipynb #ba4b61e6
 def results_markdown(res: dict) -> str:
@@ -377,7 +491,7 @@ def results_markdown(res: dict) -> str:
                      f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {_fmt(d['accuracy'], 3)} | "
                      f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} | {_fmt(d.get('draft_ms'), 3)} | "
                      f"{_fmt(d.get('tau_per_draft_ms'))} |")
-    lines += comparisons_markdown(res)
+    lines += repetition_markdown(res) + comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
                   "split. ± is the sample std over seeds. draft ms / step: the draft's time per verify step (backbone and head "
@@ -416,9 +530,33 @@ def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -
     fig.savefig(path, dpi=100)
     return path
 
+# %% ../nbs/40_ablations.ipynb #c9efa34e
+def _plot_tau_by_repetition(res: dict, colors: dict, path: Path) -> Optional[Path]:
+    """τ of every variant on all prompts and on each third by repetition: grouped bars (mean over seeds, whiskers
+    min–max); where a copy drafter shines (the top third) and where a draft must earn its τ (the bottom one)."""
+    from matplotlib.figure import Figure
+    rows = {n: d for n, d in res["variants"].items() if d.get("tau_by_repetition")}
+    if not rows or not res.get("repetition"): return None
+    groups = ["all prompts", *(f"{t}\n(score {r['min']:.2f}–{r['max']:.2f})" for t, r in zip(THIRDS, res["repetition"]))]
+    fig = Figure(figsize=(max(7, 1.2 * len(groups) * (len(rows) + 1) / 2), 4))
+    ax, width = fig.subplots(), 0.8 / len(rows)
+    for k, (n, d) in enumerate(rows.items()):
+        for g, s in enumerate([d["tau"], *d["tau_by_repetition"]]):
+            x = g + (k - (len(rows) - 1) / 2) * width
+            ax.bar(x, s["mean"], width, color=colors[n], alpha=0.7, label=n if g == 0 else None)
+            ax.errorbar(x, s["mean"], yerr=[[s["mean"] - s["min"]], [s["max"] - s["mean"]]], color="k", capsize=2, lw=0.8)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set(ylabel="τ (tokens / target forward)", title="τ by repetition of the target's continuation (bars: mean over seeds)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 # %% ../nbs/40_ablations.ipynb #9b2feb5a
 def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Path]:
-    "tau.png, training_curves.png (if `run_dirs` {variant: {seed: dir}} is given) and per_slot_acceptance.png in out_dir."
+    """tau.png, training_curves.png (if `run_dirs` {variant: {seed: dir}} is given), tau_by_repetition.png (if the records
+    have repetition scores) and per_slot_acceptance.png in out_dir."""
     from matplotlib.figure import Figure
     out, paths = Path(out_dir), []
     names = list(res["variants"])
@@ -439,6 +577,7 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     paths.append(out / "tau.png")
     fig.savefig(paths[-1], dpi=100)
     if run_dirs: paths.append(_plot_training_curves(res, run_dirs, colors, out / "training_curves.png"))
+    if (p := _plot_tau_by_repetition(res, colors, out / "tau_by_repetition.png")) is not None: paths.append(p)
     fig = Figure(figsize=(7, 3.8))
     ax = fig.subplots()
     for n in names:

@@ -101,3 +101,38 @@ def test_papermill_budget_curve(tiny, tmp_path):
     for b in (1, 2):
         res = json.loads((out / f"steps{b}" / "results.json").read_text())
         assert all(d["per_seed"]["0"]["steps"] == b for d in res["variants"].values())
+
+
+def test_learning_rate_sweep_then_the_chosen_rates(tiny, tmp_path):
+    "An LR sweep through the driver, its best rate per variant written to a file, and a table trained at that rate."
+    from domino_research.ablations import best_learning_rates
+    configs = yaml.safe_dump(tiny_configs(tiny, tmp_path))
+    kw = dict(variants="domino", steps=1, n_eval_prompts=2, max_new_tokens=8, prompts=str(tiny["root"] / "val.jsonl"),
+              configs=configs)
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(tmp_path / "sweep"), sweep_learning_rates="[1e-3, 2e-3]", **kw)
+    assert error is None, error
+    sweep = json.loads((tmp_path / "sweep" / "results.json").read_text())
+    assert list(sweep["variants"]) == ["domino_lr0.001", "domino_lr0.002"]
+    for name, lr in (("domino_lr0.001", 1e-3), ("domino_lr0.002", 2e-3)):
+        run = tmp_path / "sweep" / "runs" / name / "seed0"
+        assert yaml.safe_load((run / "config.yaml").read_text())["learning_rate"] == lr, name
+    best = best_learning_rates(sweep)
+    (tmp_path / "best_lr.json").write_text(json.dumps(best))
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(tmp_path / "tuned"), learning_rates=str(tmp_path / "best_lr.json"),
+                              **kw)
+    assert error is None, error
+    run = tmp_path / "tuned" / "runs" / "domino" / "seed0"                    # the variant's own name, at the chosen rate
+    assert yaml.safe_load((run / "config.yaml").read_text())["learning_rate"] == best["domino"]
+
+
+def test_learning_rate_mistakes_fail_before_training(tiny, tmp_path):
+    out, configs = tmp_path / "abl", yaml.safe_dump(tiny_configs(tiny, tmp_path))
+    for params, needle in (
+        (dict(learning_rates="{dmino: 1e-3}"), "unknown variants ['dmino']"),
+        (dict(learning_rates="{domino: 1e-3}", sweep_learning_rates="[1e-3]"), "not both"),
+        (dict(sweep_learning_rates="[fast]"), "sweep_learning_rates: dflash: the learning rate must be a number > 0"),
+        (dict(learning_rates=str(tmp_path / "best.json")), "best.json does not exist"),
+    ):
+        ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="dflash,domino", configs=configs, **params)
+        assert error is not None and needle in str(error), (params, error)
+    assert not (out / "runs").exists()
