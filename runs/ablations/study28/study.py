@@ -1,0 +1,52 @@
+"""The commands of study 28, run from the repository root (README.md beside this file says what each piece is for).
+
+    python runs/ablations/study28/study.py sweep            # 720-step LR sweep, seed 0 (resumable)
+    python runs/ablations/study28/study.py rates            # best_lr.json from the sweep (validation split)
+    python runs/ablations/study28/study.py table 0,1,2      # the 2880-step table at those rates (resumable)
+    python runs/ablations/study28/study.py latency          # every kept draft timed one after another
+"""
+import argparse, json
+from pathlib import Path
+
+from domino_research.ablations import (best_learning_rates, learning_rates_from, lr_sweep, run_ablation, time_kept_drafts,
+                                       with_learning_rates)
+
+STUDY = Path("runs/ablations/study28")
+GRID = (3e-4, 1e-3, 3e-3)
+# a best rate at the edge of the grid is extended by the next rate out: dflash_shift_d4 and domino were best at 3e-3,
+# so they ran at 1e-2 too
+SWEPT = {"dflash_shift_matched": GRID, "dflash_shift_d3": GRID, "dflash_shift_d4": GRID + (1e-2,), "domino": GRID + (1e-2,)}
+CARRIED = {"dflash_shift": "dflash_shift_matched", "domino_small_head": "domino", "lambda_steps720": "domino"}
+TABLE = ["ngram", "domino", "dflash_shift_d3", "dflash_shift_matched", "dflash_shift_d4", "dflash_shift",
+         "domino_small_head", "lambda_steps720"]
+DECODE = dict(n_eval_prompts=64, max_new_tokens=128)
+
+
+def sweep() -> dict:
+    t = lr_sweep([(v, lr) for v, rates in SWEPT.items() for lr in rates])
+    return run_ablation(list(t), 720, [0], STUDY / "sweep720", table=t, jobs=2, keep_drafts=False, **DECODE)
+
+
+def rates() -> dict:
+    best = best_learning_rates(sweep())                      # every sweep run is done: this only re-reads them
+    best |= {v: best[src] for v, src in CARRIED.items()}
+    (STUDY / "best_lr.json").write_text(json.dumps(best, indent=2) + "\n")
+    return best
+
+
+def table(seeds: str, variants: str = ",".join(TABLE)) -> dict:
+    rates = learning_rates_from(str(STUDY / "best_lr.json"))
+    return run_ablation(variants.split(","), 2880, [int(s) for s in seeds.split(",")], STUDY / "steps2880",
+                        table=with_learning_rates(rates), jobs=2, **DECODE)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("piece", choices=["sweep", "rates", "table", "latency"])
+    p.add_argument("seeds", nargs="?", default="0", help="table: comma-separated seeds")
+    p.add_argument("--variants", default=",".join(TABLE), help="table: comma-separated variants")
+    a = p.parse_args()
+    if a.piece == "sweep": sweep()
+    elif a.piece == "rates": print(rates())
+    elif a.piece == "table": table(a.seeds, a.variants)
+    else: time_kept_drafts(STUDY / "steps2880")
