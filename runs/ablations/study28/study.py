@@ -13,9 +13,10 @@ from domino_research.ablations import (best_learning_rates, learning_rates_from,
 
 STUDY = Path("runs/ablations/study28")
 GRID = (3e-4, 1e-3, 3e-3)
-# a best rate at the edge of the grid is extended by the next rate out: dflash_shift_d4 and domino were best at 3e-3,
-# so they ran at 1e-2 too
-SWEPT = {"dflash_shift_matched": GRID, "dflash_shift_d3": GRID, "dflash_shift_d4": GRID + (1e-2,), "domino": GRID + (1e-2,)}
+# a best rate at the edge of the grid is extended by the next rate out, until the best is inside: dflash_shift_d4 was
+# best at 3e-3 (so it ran at 1e-2), domino at 3e-3 and then at 1e-2 (so it ran at 1e-2 and 3e-2)
+SWEPT = {"dflash_shift_matched": GRID, "dflash_shift_d3": GRID, "dflash_shift_d4": GRID + (1e-2,),
+         "domino": GRID + (1e-2, 3e-2)}
 CARRIED = {"dflash_shift": "dflash_shift_matched", "domino_small_head": "domino", "lambda_steps720": "domino"}
 TABLE = ["ngram", "domino", "dflash_shift_d3", "dflash_shift_matched", "dflash_shift_d4", "dflash_shift",
          "domino_small_head", "lambda_steps720"]
