@@ -530,7 +530,7 @@ def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -
     fig.savefig(path, dpi=100)
     return path
 
-# %% ../nbs/40_ablations.ipynb #c9efa34e
+# %% ../nbs/40_ablations.ipynb #e8ce3353
 def _plot_tau_by_repetition(res: dict, colors: dict, path: Path) -> Optional[Path]:
     """τ of every variant on all prompts and on each third by repetition: grouped bars (mean over seeds, whiskers
     min–max); where a copy drafter shines (the top third) and where a draft must earn its τ (the bottom one)."""
