@@ -37,8 +37,8 @@ __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS'
            'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
            'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
            'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
-           'run_one', 'time_kept_drafts', 'plan_ablation', 'run_ablation', 'budget_summary', 'budget_markdown',
-           'plot_budget', 'run_budget_curve']
+           'run_one', 'time_kept_drafts', 'run_key', 'with_timed_latency', 'plan_ablation', 'run_ablation',
+           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -474,6 +474,12 @@ def repetition_markdown(res: dict) -> list[str]:
 
 
 # %% ../nbs/40_ablations.ipynb #ba4b61e6
+_LATENCY_SOURCE = {
+    "decode": "from the timed speculative decode of each run, while the study ran (compare only rows decoded on the same "
+              "machine, with the same number of runs at a time)",
+    "latency.json": "with every kept draft decoded again alone, one after another on one machine (latency.json)",
+}
+
 def results_markdown(res: dict) -> str:
     "The results table (markdown) with the settings that produced it."
     m = res["meta"]
@@ -495,8 +501,8 @@ def results_markdown(res: dict) -> str:
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
                   "split. ± is the sample std over seeds. draft ms / step: the draft's time per verify step (backbone and head "
-                  "rollout, or prompt lookup's search), from the timed speculative decode on this machine; τ / draft ms: τ per "
-                  "millisecond of it (compare only rows decoded on the same machine, with the same number of runs at a time)."]
+                  f"rollout, or prompt lookup's search), {_LATENCY_SOURCE[m.get('latency', 'decode')]}; τ / draft ms: τ per "
+                  "millisecond of it."]
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/40_ablations.ipynb #325f3696
@@ -890,9 +896,27 @@ def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_to
                             prompts=resolve_data_path(str(prompts or "embedded:test")), n_prompts=n_eval_prompts,
                             max_new_tokens=max_new_tokens, enable_thinking=c["enable_thinking"], progress=False,
                             drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
-        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"tau": ev["tau"], **latency(ev)}
+        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"run": run_key(rec), "tau": ev["tau"], **latency(ev)}
     (out / "latency.json").write_text(json.dumps(timed, indent=2, allow_nan=False) + "\n")
     return timed
+
+# %% ../nbs/40_ablations.ipynb #684a06cc
+def run_key(rec: dict) -> str:
+    "A short digest of a record's fingerprint: which trained draft (or lookup setting) and which decode a timing belongs to."
+    return hashlib.sha256(json.dumps(rec["fingerprint"], sort_keys=True).encode()).hexdigest()[:16]
+
+def with_timed_latency(runs: dict, timed: dict) -> dict:
+    """`runs` ({variant: {seed: record}}) with the latency of `latency.json` in place of the timings taken while the
+    study ran: the draft's and the step's ms per verify step as timed alone, and τ (the table's) per ms of each. A run
+    that `timed` does not hold, or holds for other settings, gets no latency rather than one taken under another load."""
+    def timed_alone(rec: dict) -> dict:
+        t = timed.get(rec["variant"], {}).get(str(rec["seed"]))
+        ok = t is not None and t.get("run") == run_key(rec)
+        ms = {k: t[k] if ok else None for k in ("draft_ms", "step_ms")}
+        per = lambda k: rec["tau"] / ms[k] if ms[k] else None
+        return {**rec, **ms, "tau_per_draft_ms": per("draft_ms"), "tau_per_step_ms": per("step_ms")}
+    return {n: {s: timed_alone(r) for s, r in seeds.items()} for n, seeds in runs.items()}
+
 
 # %% ../nbs/40_ablations.ipynb #f86a2fde
 def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Optional[dict] = None,
@@ -994,12 +1018,15 @@ def run_ablation(
     elif todo: done |= _run_in_workers(todo, jobs, log, tick)
     runs = {n: {s: done[n, s] for s in seeds} for n in variants}
     run_dirs = {n: {s: out / "runs" / n / f"seed{s}" for s in seeds} for n in variants}
+    timed = _read_json(out / "latency.json")                     # every kept draft timed alone (`time_kept_drafts`)
+    if timed is not None: runs = with_timed_latency(runs, timed)
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
             "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides or {},
             "prompts": prompts, **PROMPT_SAMPLE, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
-            "torch_threads": torch.get_num_threads(), "jobs": jobs}
+            "torch_threads": torch.get_num_threads(), "jobs": jobs,
+            "latency": "latency.json" if timed is not None else "decode"}
     old = _read_json(out / "results.json")
     if not todo and old is not None and "date" in old.get("meta", {}):   # the same runs: when and how long the table took stays
         meta.update({k: old["meta"][k] for k in ("date", "wall_seconds", "torch_threads", "jobs") if k in old["meta"]})

@@ -3,7 +3,7 @@
     python runs/ablations/study28/study.py sweep            # 720-step LR sweep, seed 0 (resumable)
     python runs/ablations/study28/study.py rates            # best_lr.json from the sweep (validation split)
     python runs/ablations/study28/study.py table 0,1,2      # the 2880-step table at those rates (resumable)
-    python runs/ablations/study28/study.py latency          # every kept draft timed one after another
+    python runs/ablations/study28/study.py latency          # then every kept draft timed alone, and the table rewritten
 """
 import argparse, json
 from pathlib import Path
@@ -50,4 +50,6 @@ if __name__ == "__main__":
     if a.piece == "sweep": sweep()
     elif a.piece == "rates": print(rates())
     elif a.piece == "table": table(a.seeds, a.variants)
-    else: time_kept_drafts(STUDY / "steps2880")
+    else:                                                    # after the table: its latency columns from latency.json
+        time_kept_drafts(STUDY / "steps2880")
+        table("0,1,2")
