@@ -237,6 +237,7 @@ COMPARISONS = (   # (numerator, denominator, question)
     ("domino", "dflash_shift_matched", "the head, at equal parameter count"),
     ("domino", "dflash_shift_d3", "the head, at equal parameter count, against a 3-layer backbone"),
     ("domino", "dflash_shift_d4", "the head, at equal parameter count, against a 4-layer backbone"),
+    ("domino", "ngram", "the trained draft over prompt lookup, which trains nothing"),
     ("domino_small_head", "dflash_shift", "a head of the Domino paper's proportions"),
     ("domino", "dflash_shift", "the head, its parameters added"),
     ("dflash_shift_matched", "dflash_shift", "parameters alone (a wider backbone)"),
