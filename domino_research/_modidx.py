@@ -145,6 +145,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                        'domino_research.bench._cmd_memory': ('bench.html#_cmd_memory', 'domino_research/bench.py'),
                                        'domino_research.bench._column_or_none': ('bench.html#_column_or_none', 'domino_research/bench.py'),
                                        'domino_research.bench._cpu_s': ('bench.html#_cpu_s', 'domino_research/bench.py'),
+                                       'domino_research.bench._drafter_mismatch': ( 'bench.html#_drafter_mismatch',
+                                                                                    'domino_research/bench.py'),
                                        'domino_research.bench._fraction': ('bench.html#_fraction', 'domino_research/bench.py'),
                                        'domino_research.bench._int_at_least': ('bench.html#_int_at_least', 'domino_research/bench.py'),
                                        'domino_research.bench._maxrss_mb': ('bench.html#_maxrss_mb', 'domino_research/bench.py'),

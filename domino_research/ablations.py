@@ -32,13 +32,13 @@ from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
-           'KEPT_DRAFT', 'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant',
-           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from',
-           'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
-           'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
-           'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
-           'run_one', 'time_kept_drafts', 'run_key', 'with_timed_latency', 'plan_ablation', 'run_ablation',
-           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
+           'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from', 'spread',
+           'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary', 'summarize',
+           'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results', 'file_digest',
+           'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record', 'run_one',
+           'time_kept_drafts', 'run_key', 'with_timed_latency', 'plan_ablation', 'run_ablation', 'budget_summary',
+           'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -651,7 +651,7 @@ def _read_json(path: Path) -> Optional[dict]:
     except (OSError, ValueError): return None
 
 # %% ../nbs/40_ablations.ipynb #7938c533
-KEPT_DRAFT = "draft_bf16"     # a run's kept draft: bf16 safetensors beside its result.json (about 1.5 MB for the embedded recipe)
+from .export import KEPT_DRAFT   # a run's kept draft (draft_bf16/): about 1.5 MB for the embedded recipe
 
 def delete_weights(run_dir) -> list[Path]:
     "Remove a run's checkpoints and every *.safetensors under it but its kept draft (results stay); returns what was removed."

@@ -29,8 +29,8 @@ from .loss import chunked_dual_ce, naive_dual_ce
 from .memory import measure_config, memory_table
 
 # %% auto #0
-__all__ = ['VARIANTS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main', 'synthetic_chat_rows', 'write_synthetic_chats',
-           'data_step', 'bench_data']
+__all__ = ['VARIANTS', 'NGRAM_OPTIONS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main', 'synthetic_chat_rows',
+           'write_synthetic_chats', 'data_step', 'bench_data']
 
 # %% ../nbs/33_bench.ipynb #b943c889
 def make_loss_inputs(T: int, V: int, H: int, E: int, G: int, dtype=torch.float32, device="cpu", seed: int = 0,
@@ -478,14 +478,10 @@ def _add_decode_parser(sub):
     )
     p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
                    help="draft: the trained draft of --draft; ngram: prompt lookup in prompt + output (no draft, no training)")
-    p.add_argument(
-        "--prompt_lookup_min", type=_pos, default=d["prompt_lookup_min"], help="ngram: shortest suffix n-gram to look up"
-    )
-    p.add_argument(
-        "--prompt_lookup_max", type=_pos, default=d["prompt_lookup_max"], help="ngram: longest suffix n-gram to look up"
-    )
-    p.add_argument("--num_speculative_tokens", type=_pos, default=d["num_speculative_tokens"],
-                   help="ngram: most tokens proposed per step (block size - 1)")
+    # None when not given: an option of the other drafter is refused, not silently ignored (_drafter_mismatch)
+    for name, what in (("prompt_lookup_min", "shortest suffix n-gram to look up"), ("prompt_lookup_max", "longest one"),
+                       ("num_speculative_tokens", "most tokens proposed per step (block size - 1)")):
+        p.add_argument(f"--{name}", type=_pos, default=None, help=f"ngram only: {what} (default {d[name]})")
     p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
     p.add_argument(
         "--prompts",
@@ -509,7 +505,7 @@ def _add_decode_parser(sub):
         type=_pos,
         action="append",
         default=list(d["candidate_k"]),
-        help="also decode with a top-K candidate pool (repeatable)",
+        help="draft only: also decode with a top-K candidate pool (repeatable)",
     )
     p.add_argument("--temperature", type=_temperature, default=d["temperature"],
                    help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
@@ -523,17 +519,27 @@ def _add_decode_parser(sub):
     p.set_defaults(func=_cmd_decode)
 
 # %% ../nbs/33_bench.ipynb #a824f779
+NGRAM_OPTIONS = ("prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens")
+
+def _drafter_mismatch(a) -> str | None:
+    "Why the command line mixes the drafters' options (an option the chosen drafter would ignore), or None."
+    if a.drafter == "draft":
+        if a.draft is None: return "--draft DIR is required with --drafter draft (or --drafter ngram: prompt lookup, no draft)"
+        given = [f"--{k}" for k in NGRAM_OPTIONS if getattr(a, k) is not None]
+        return f"{', '.join(given)}: prompt lookup's, used with --drafter ngram only" if given else None
+    given = [f"--{k}" for k in ("draft", "candidate_k") if getattr(a, k)]
+    return f"{', '.join(given)}: a trained draft's, not used with --drafter ngram (drop it)" if given else None
+
 def _cmd_decode(a):
-    if a.drafter == "draft" and a.draft is None:
-        print("python -m domino_research.bench decode: error: --draft DIR is required with --drafter draft "
-              "(or pass --drafter ngram: prompt lookup, no draft)", file=sys.stderr)
+    if (why := _drafter_mismatch(a)) is not None:
+        print(f"python -m domino_research.bench decode: error: {why}", file=sys.stderr)
         sys.exit(2)
+    lookup = {k: v for k in NGRAM_OPTIONS if (v := getattr(a, k)) is not None}     # the rest: decode_bench's defaults
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
-                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts, drafter=a.drafter,
-                      prompt_lookup_min=a.prompt_lookup_min, prompt_lookup_max=a.prompt_lookup_max,
-                      num_speculative_tokens=a.num_speculative_tokens)
+                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts,
+                      drafter=a.drafter, **lookup)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

@@ -5,6 +5,8 @@
 # %% ../nbs/32_evaluation.ipynb #ed47abd5
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -456,11 +458,13 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
         draft = find_draft_dir(draft)
-    res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
-                         candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
-                         prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed, long_prompts=long_prompts,
-                         drafter=drafter, prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
-                         num_speculative_tokens=num_speculative_tokens)
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()   # stdout: the JSON alone
+    with quiet:
+        res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
+                             candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
+                             prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed,
+                             long_prompts=long_prompts, drafter=drafter, prompt_lookup_min=prompt_lookup_min,
+                             prompt_lookup_max=prompt_lookup_max, num_speculative_tokens=num_speculative_tokens)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
     else:

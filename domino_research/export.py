@@ -20,7 +20,7 @@ from .data import chat_cache_key
 from .embedded import resolve_data_path
 
 # %% auto #0
-__all__ = ['AUTO_MAP', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
+__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
            'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source', 'model_card', 'generation_config',
            'describe_draft', 'export_config', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft']
 
@@ -184,16 +184,19 @@ def _step_of(p: Path) -> int:
     return int(m.group(1)) if m else -1
 
 # %% ../nbs/31_export.ipynb #2e8b2d4d
+KEPT_DRAFT = "draft_bf16"     # an ablation run's kept draft: bf16 safetensors beside its result.json (notebook 40)
+
 def find_draft_dir(run_or_checkpoint) -> Path:
-    "The folder holding a saved draft inside a run dir, a checkpoint dir, or a draft dir itself."
+    "The folder of a saved draft in a run dir (`draft/`, or a study run's kept `draft_bf16/`), a checkpoint dir or a draft dir."
     p = Path(run_or_checkpoint)
     if not p.is_dir(): raise FileNotFoundError(f"{p}: no such directory (expected a run, checkpoint or draft folder)")
-    for cand in (p, p / "draft"):   # weights beside config.json: a checkpoint's own config.json is the run's, not a draft's
+    # weights beside config.json: a checkpoint's own config.json is the run's, not a draft's
+    for cand in (p, p / "draft", p / KEPT_DRAFT):
         if (cand / "config.json").is_file() and any(cand.glob("*.safetensors")): return cand
     ckpts = sorted((c.parent.parent for c in (p / "checkpoints").glob("step-*/draft/config.json")), key=_step_of)
     if ckpts: return ckpts[-1] / "draft"
-    raise FileNotFoundError(f"{p}: no draft found. Looked for {p}/config.json, {p}/draft/config.json and "
-                            f"{p}/checkpoints/step-N/draft/config.json.")
+    raise FileNotFoundError(f"{p}: no draft found. Looked for {p}/config.json, {p}/draft/config.json, "
+                            f"{p}/{KEPT_DRAFT}/config.json and {p}/checkpoints/step-N/draft/config.json.")
 
 # %% ../nbs/31_export.ipynb #0b7c9a92
 _SHIPPED_IMPORTS = re.compile(

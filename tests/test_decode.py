@@ -66,7 +66,7 @@ def test_bench_decode_json(toy):
     r = _bench_process("--draft", toy / "draft", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
                        "--n_eval_prompts", 3, "--max_new_tokens", 10, "--candidate_k", 5, "--json")
     assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = json.loads(r.stdout)
     for k in ("tau", "tau_base", "per_slot_acceptance", "spec_tokens_per_s", "target_tokens_per_s", "speedup", "lossless",
               "n_prompts", "profile", "tau_candidate", "efficiency"):
         assert k in res, k
@@ -83,7 +83,7 @@ def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
     main(["decode", "--drafter", "ngram", "--prompt_lookup_max", "2", "--num_speculative_tokens", "6", "--target",
           str(toy / "target"), "--prompts", str(toy / "prompts.jsonl"), "--n_eval_prompts", "2", "--max_new_tokens", "16",
           "--per_prompt", "--json"])
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    res = json.loads(capsys.readouterr().out)
     for k in ("tau", "per_slot_acceptance", "speedup", "efficiency", "lossless", "accept_hist", "profile"):
         assert k in res, k
     assert (res["drafter"], res["projector_type"], res["block_size"], res["lossless"]) == ("ngram", "ngram", 7, True)
@@ -100,7 +100,7 @@ def test_bench_decode_run_dir(toy, tmp_path):
     r = _bench("--draft", tmp_path / "run", "--target", toy / "target", "--prompts", toy / "prompts.jsonl",
                "--n_eval_prompts", 1, "--max_new_tokens", 4, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is True
+    assert json.loads(r.stdout)["lossless"] is True
 
 
 def test_bench_decode_prints_efficiency(toy):
@@ -155,7 +155,7 @@ def test_bench_decode_standard_prompt_sets(toy, tmp_path):
         r = _bench("--draft", toy / "draft", "--target", toy / "target", "--prompts", tmp_path / name, "--n_eval_prompts", 2,
                    "--max_new_tokens", 4, "--prompt_seed", 1, "--per_prompt", "--json", *extra)
         assert r.returncode == 0, r.stderr
-        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+        runs[name] = json.loads(r.stdout)
         assert runs[name]["n_prompts"] == 2 and runs[name]["lossless"] is True
     assert {p["prompt_id"] for p in runs["gsm8k.parquet"]["per_prompt"]} <= {"#0", "#1", "#2"}
     mt = runs["mt.jsonl"]
@@ -191,7 +191,7 @@ def test_bench_decode_temperature(toy):
             "--json",
         )
         assert r.returncode == 0, r.stderr
-        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        out.append(json.loads(r.stdout))
     res = out[0]
     assert res["temperature"] == 0.8 and res["lossless"] is None and "in distribution" in res["lossless_check"]
     assert 1 <= res["tau"] <= 4 and res["tau_gain_head"]["lo"] <= res["tau_gain_head"]["ratio"] <= res["tau_gain_head"]["hi"]
@@ -367,6 +367,6 @@ def test_long_prompts_refused_or_truncated(toy, tmp_path, capsys):
     assert "prompt #0 (row 0)" in lines[0] and "max_position_embeddings 64" in lines[0] and "--long_prompts truncate" in lines[0]
     code, out, err = _bench_main(capsys, *args, "--long_prompts", "truncate")
     assert code == 0, err
-    res = json.loads(out.strip().splitlines()[-1])
+    res = json.loads(out)
     assert res["truncated_prompts"] == 1 and res["truncated_prompt_tokens"] > 0 and res["lossless"] is True
     assert res["per_prompt"][0]["prompt_tokens"] == 64 - 4
