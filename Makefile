@@ -37,15 +37,12 @@ test: $(BIN)/.installed
 gpu-check: $(BIN)/.installed
 	$(BIN)/python -m domino_research.gpu_check $(GPU_CHECK_ARGS)
 
-# The ablation table: 5 variants x 3 seeds at budgets of 360, 1080 and 2880 steps on the embedded default, decoded on
-# 64 stratified test prompts x 128 tokens, two runs at a time -> runs/ablations/main/ (resumes if interrupted: rerun the same command).
-# TQDM_DISABLE: every progress-bar refresh would be stored as its own output of the executed notebook.
+# The ablation study (runs/ablations/study28/, its README): a learning-rate sweep at 720 steps, each variant's rate chosen
+# on the validation split, the 2880-step table with 3 seeds on 64 test prompts x 128 tokens (two runs at a time), then
+# every kept draft timed alone. Each piece resumes where it stopped: rerun the same command. (The first study,
+# runs/ablations/main/, ran nbs/ablations.ipynb under papermill with the parameters its executed copy there shows.)
 ablations: $(BIN)/.installed
-	mkdir -p runs/ablations/main
-	TQDM_DISABLE=1 $(BIN)/papermill nbs/ablations.ipynb runs/ablations/main/ablations.ipynb --cwd nbs -p name main \
-	  -y "variants: [dflash, dflash_shift, dflash_shift_matched, domino, domino_small_head]" \
-	  -y "seeds: [0, 1, 2]" -y "budgets: [360, 1080, 2880]" -p n_eval_prompts 64 -p max_new_tokens 128 \
-	  -p max_train_samples 0 -p max_eval_samples 64 -p jobs 2
+	for piece in sweep rates "table 0,1,2" latency; do $(BIN)/python runs/ablations/study28/study.py $$piece || exit 1; done
 
 lock: $(BIN)/.installed
 	$(BIN)/python -m pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu/torch==\1/' > constraints.txt
