@@ -883,8 +883,8 @@ def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, 
 
 # %% ../nbs/40_ablations.ipynb #35f6d700
 def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:
-    """Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn: {variant: {seed: latency}} →
-    latency.json."""
+    """Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn: {variant: {seed: its τ on these
+    prompts, speed-up over plain greedy decoding and `latency`}} → latency.json."""
     out, targets, timed = Path(out_dir), _Targets(), {}
     for rec_file in sorted((out / "runs").glob("*/seed*/result.json")):
         rec, run_dir = json.loads(rec_file.read_text()), rec_file.parent
@@ -897,7 +897,8 @@ def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_to
                             prompts=resolve_data_path(str(prompts or "embedded:test")), n_prompts=n_eval_prompts,
                             max_new_tokens=max_new_tokens, enable_thinking=c["enable_thinking"], progress=False,
                             drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
-        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"run": run_key(rec), "tau": ev["tau"], **latency(ev)}
+        timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"run": run_key(rec), "tau": ev["tau"], "speedup": ev["speedup"],
+                                                                **latency(ev)}
     (out / "latency.json").write_text(json.dumps(timed, indent=2, allow_nan=False) + "\n")
     return timed
 

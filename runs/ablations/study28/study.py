@@ -8,6 +8,8 @@
 import argparse, json
 from pathlib import Path
 
+import torch
+
 from domino_research.ablations import (best_learning_rates, learning_rates_from, lr_sweep, run_ablation, time_kept_drafts,
                                        with_learning_rates)
 
@@ -51,5 +53,6 @@ if __name__ == "__main__":
     elif a.piece == "rates": print(rates())
     elif a.piece == "table": table(a.seeds, a.variants)
     else:                                                    # after the table: its latency columns from latency.json
+        torch.set_num_threads(1)                             # one thread, as each table run had; run it on an idle machine
         time_kept_drafts(STUDY / "steps2880")
         table("0,1,2")
