@@ -37,8 +37,8 @@ __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS'
            'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary', 'summarize',
            'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results', 'file_digest',
            'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record', 'run_one',
-           'time_kept_drafts', 'run_key', 'with_timed_latency', 'plan_ablation', 'run_ablation', 'budget_summary',
-           'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'time_kept_drafts', 'run_key', 'timed_every_run', 'with_timed_latency', 'plan_ablation', 'run_ablation',
+           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -475,11 +475,14 @@ def repetition_markdown(res: dict) -> list[str]:
 
 
 # %% ../nbs/40_ablations.ipynb #ba4b61e6
-_LATENCY_SOURCE = {
-    "decode": "from the timed speculative decode of each run, while the study ran (compare only rows decoded on the same "
-              "machine, with the same number of runs at a time)",
-    "latency.json": "with every kept draft decoded again alone, one after another on one machine (latency.json)",
-}
+def _latency_source(m: dict) -> str:
+    "Where a table's latency columns were timed."
+    if m.get("latency") != "latency.json":
+        return ("from the timed speculative decode of each run, while the study ran (compare only rows decoded on the same "
+                "machine, with the same number of runs at a time)")
+    s = m["latency_settings"]
+    return (f"with every kept draft decoded again alone, one after another on one machine ({s['n_eval_prompts']} prompts × "
+            f"≤ {s['max_new_tokens']} new tokens, {s['torch_threads']} torch thread(s); latency.json)")
 
 def results_markdown(res: dict) -> str:
     "The results table (markdown) with the settings that produced it."
@@ -502,7 +505,7 @@ def results_markdown(res: dict) -> str:
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "
                   "decoded without its head. accuracy: teacher-forced top-1 accuracy of the final logits on the validation "
                   "split. ± is the sample std over seeds. draft ms / step: the draft's time per verify step (backbone and head "
-                  f"rollout, or prompt lookup's search), {_LATENCY_SOURCE[m.get('latency', 'decode')]}; τ / draft ms: τ per "
+                  f"rollout, or prompt lookup's search), {_latency_source(m)}; τ / draft ms: τ per "
                   "millisecond of it."]
     return "\n".join(lines) + "\n"
 
@@ -883,9 +886,11 @@ def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, 
 
 # %% ../nbs/40_ablations.ipynb #35f6d700
 def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:
-    """Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn: {variant: {seed: its τ on these
-    prompts, speed-up over plain greedy decoding and `latency`}} → latency.json."""
+    """Every run of `out_dir` with a kept draft (or prompt lookup) decoded again in turn, in this process: {"settings": how,
+    "runs": {variant: {seed: its τ on these prompts, speed-up over plain greedy decoding and `latency`}}} → latency.json."""
     out, targets, timed = Path(out_dir), _Targets(), {}
+    settings = {"prompts": str(prompts or "embedded:test"), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens,
+                "torch_threads": torch.get_num_threads()}
     for rec_file in sorted((out / "runs").glob("*/seed*/result.json")):
         rec, run_dir = json.loads(rec_file.read_text()), rec_file.parent
         lookup, draft = rec["recipe"] == "ngram", run_dir / KEPT_DRAFT
@@ -899,24 +904,33 @@ def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_to
                             drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
         timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"run": run_key(rec), "tau": ev["tau"], "speedup": ev["speedup"],
                                                                 **latency(ev)}
-    (out / "latency.json").write_text(json.dumps(timed, indent=2, allow_nan=False) + "\n")
-    return timed
+    res = {"settings": settings, "runs": timed}
+    (out / "latency.json").write_text(json.dumps(res, indent=2, allow_nan=False) + "\n")
+    return res
 
 # %% ../nbs/40_ablations.ipynb #684a06cc
 def run_key(rec: dict) -> str:
     "A short digest of a record's fingerprint: which trained draft (or lookup setting) and which decode a timing belongs to."
     return hashlib.sha256(json.dumps(rec["fingerprint"], sort_keys=True).encode()).hexdigest()[:16]
 
+def _timing(rec: dict, timed: dict) -> Optional[dict]:
+    "The entry of `latency.json` that timed this very run (same variant, seed and fingerprint), or None."
+    t = timed["runs"].get(rec["variant"], {}).get(str(rec["seed"]))
+    return t if t is not None and t.get("run") == run_key(rec) else None
+
+def timed_every_run(runs: dict, timed: dict) -> bool:
+    "Whether `latency.json` timed every run of the table: only then do its timings replace the ones taken in the study."
+    return all(_timing(r, timed) is not None for seeds in runs.values() for r in seeds.values())
+
 def with_timed_latency(runs: dict, timed: dict) -> dict:
-    """`runs` ({variant: {seed: record}}) with the latency of `latency.json` in place of the timings taken while the
-    study ran: the draft's and the step's ms per verify step as timed alone, and τ (the table's) per ms of each. A run
-    that `timed` does not hold, or holds for other settings, gets no latency rather than one taken under another load."""
+    """`runs` ({variant: {seed: record}}, every run timed: `timed_every_run`) with the latency of `latency.json` in place
+    of the timings taken while the study ran: the draft's and the step's ms per verify step and the speed-up over greedy
+    decoding as timed alone, and τ (the table's, on all its prompts) per ms of each."""
     def timed_alone(rec: dict) -> dict:
-        t = timed.get(rec["variant"], {}).get(str(rec["seed"]))
-        ok = t is not None and t.get("run") == run_key(rec)
-        ms = {k: t[k] if ok else None for k in ("draft_ms", "step_ms")}
-        per = lambda k: rec["tau"] / ms[k] if ms[k] else None
-        return {**rec, **ms, "tau_per_draft_ms": per("draft_ms"), "tau_per_step_ms": per("step_ms")}
+        t = _timing(rec, timed)
+        return {**rec, **{k: t[k] for k in ("draft_ms", "step_ms", "speedup")},
+                "tau_per_draft_ms": rec["tau"] / t["draft_ms"] if t["draft_ms"] else None,
+                "tau_per_step_ms": rec["tau"] / t["step_ms"] if t["step_ms"] else None}
     return {n: {s: timed_alone(r) for s, r in seeds.items()} for n, seeds in runs.items()}
 
 
@@ -1021,6 +1035,10 @@ def run_ablation(
     runs = {n: {s: done[n, s] for s in seeds} for n in variants}
     run_dirs = {n: {s: out / "runs" / n / f"seed{s}" for s in seeds} for n in variants}
     timed = _read_json(out / "latency.json")                     # every kept draft timed alone (`time_kept_drafts`)
+    if timed is not None and not timed_every_run(runs, timed):
+        log(f"{out / 'latency.json'} did not time every run of this table: the latency columns are the study's own "
+            "(rerun time_kept_drafts on an idle machine)")
+        timed = None
     if timed is not None: runs = with_timed_latency(runs, timed)
     meta = {"variants": variants, "steps": steps, "seeds": seeds, "n_eval_prompts": n_eval_prompts,
             "max_new_tokens": max_new_tokens, "block_size": block_size, "base_overrides": base_overrides or {},
@@ -1028,7 +1046,7 @@ def run_ablation(
             "wall_seconds": time.perf_counter() - t0,
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
             "torch_threads": torch.get_num_threads(), "jobs": jobs,
-            "latency": "latency.json" if timed is not None else "decode"}
+            "latency": "latency.json" if timed is not None else "decode", "latency_settings": (timed or {}).get("settings")}
     old = _read_json(out / "results.json")
     if not todo and old is not None and "date" in old.get("meta", {}):   # the same runs: when and how long the table took stays
         meta.update({k: old["meta"][k] for k in ("date", "wall_seconds", "torch_threads", "jobs") if k in old["meta"]})

@@ -478,10 +478,11 @@ def _add_decode_parser(sub):
     )
     p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
                    help="draft: the trained draft of --draft; ngram: prompt lookup in prompt + output (no draft, no training)")
-    # None when not given: an option of the other drafter is refused, not silently ignored (_drafter_mismatch)
-    for name, what in (("prompt_lookup_min", "shortest suffix n-gram to look up"), ("prompt_lookup_max", "longest one"),
+    # absent when not given: an option of the other drafter is refused, not silently ignored (_drafter_mismatch)
+    for name, what in (("prompt_lookup_min", "shortest suffix n-gram to look up"),
+                       ("prompt_lookup_max", "longest suffix n-gram to look up"),
                        ("num_speculative_tokens", "most tokens proposed per step (block size - 1)")):
-        p.add_argument(f"--{name}", type=_pos, default=None, help=f"ngram only: {what} (default {d[name]})")
+        p.add_argument(f"--{name}", type=_pos, default=argparse.SUPPRESS, help=f"ngram only: {what} (default {d[name]})")
     p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
     p.add_argument(
         "--prompts",
@@ -505,7 +506,7 @@ def _add_decode_parser(sub):
         type=_pos,
         action="append",
         default=list(d["candidate_k"]),
-        help="draft only: also decode with a top-K candidate pool (repeatable)",
+        help="Domino draft only: also decode with a top-K candidate pool re-ranked by its head (repeatable)",
     )
     p.add_argument("--temperature", type=_temperature, default=d["temperature"],
                    help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
@@ -525,16 +526,16 @@ def _drafter_mismatch(a) -> str | None:
     "Why the command line mixes the drafters' options (an option the chosen drafter would ignore), or None."
     if a.drafter == "draft":
         if a.draft is None: return "--draft DIR is required with --drafter draft (or --drafter ngram: prompt lookup, no draft)"
-        given = [f"--{k}" for k in NGRAM_OPTIONS if getattr(a, k) is not None]
+        given = [f"--{k}" for k in NGRAM_OPTIONS if hasattr(a, k)]
         return f"{', '.join(given)}: prompt lookup's, used with --drafter ngram only" if given else None
-    given = [f"--{k}" for k in ("draft", "candidate_k") if getattr(a, k)]
+    given = [k for k, v in (("--draft", a.draft is not None), ("--candidate_k", a.candidate_k)) if v]
     return f"{', '.join(given)}: a trained draft's, not used with --drafter ngram (drop it)" if given else None
 
 def _cmd_decode(a):
     if (why := _drafter_mismatch(a)) is not None:
-        print(f"python -m domino_research.bench decode: error: {why}", file=sys.stderr)
+        print(f"error: bench decode: {why}", file=sys.stderr)
         sys.exit(2)
-    lookup = {k: v for k in NGRAM_OPTIONS if (v := getattr(a, k)) is not None}     # the rest: decode_bench's defaults
+    lookup = {k: getattr(a, k) for k in NGRAM_OPTIONS if hasattr(a, k)}     # the rest: decode_bench's defaults
     try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,

@@ -267,6 +267,9 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     model, tok = _load_target(target)
     dev = next(model.parameters()).device
     generate, d = _drafter(draft_dir, model, lookup)                 # bad pairs fail before any decoding
+    if candidate_ks and not d.is_domino:
+        raise ValueError(f"candidate_ks {list(candidate_ks)}: a candidate pool is re-ranked by the Domino head, which "
+                         f"{'prompt lookup' if lookup else 'this draft'} does not have; drop candidate_ks")
     src = prompts if prompts is not None else _default_prompts()
     sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
     enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok, model)

@@ -365,6 +365,10 @@ def parse_train_args(argv: list[str]) -> tuple[Optional[str], dict]:
 # %% ../nbs/09_train_config.ipynb #9b02c0de
 from .config import _coerce, _Mismatch, _type_name
 
+def _example(key: str, tp) -> str:
+    "How to pass a value of type `tp` with papermill: text goes through -r (raw), since -p would parse 16 as a number."
+    return f"-r {key} <text>" if tp is str else f"-p {key} <{_type_name(tp)}>"
+
 def _param_value(ns: dict, key: str, tp, where: str):
     "`ns[key]` checked against annotation `tp` (a string annotation is evaluated in the notebook)."
     if isinstance(tp, str): tp = eval(tp, dict(ns))              # a notebook with `from __future__ import annotations`
@@ -372,7 +376,7 @@ def _param_value(ns: dict, key: str, tp, where: str):
     try: return _coerce(ns[key], tp, key, where)
     except _Mismatch:
         raise ConfigError(f"{where}: parameter {key!r} expects {_type_name(tp)}, got {ns[key]!r} ({type(ns[key]).__name__}); "
-                          f"pass a value of that type, e.g. -p {key} <{_type_name(tp)}>") from None
+                          f"pass a value of that type, e.g. {_example(key, tp)}") from None
 
 # %% ../nbs/09_train_config.ipynb #fd60056c
 def _check_mapping(ns: dict, key: str, hints: dict, where: str):

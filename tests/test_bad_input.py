@@ -139,6 +139,7 @@ def papermill_process(nb, tmp_path, *params):
     ("evaluate.ipynb", ("drafter", "ngram", "prompt_lookup_min", "3", "prompt_lookup_max", "2"),
      "prompt_lookup_min 3 > prompt_lookup_max 2: no n-gram length to look up"),
     ("evaluate.ipynb", ("drafter", "ngram", "candidate_ks", "16,64"), "['candidate_ks'] are a trained draft's, not used with"),
+    ("evaluate.ipynb", ("prompt_lookup_max", "2"), "['prompt_lookup_max'] are prompt lookup's, used with drafter 'ngram' only"),
     ("train.ipynb", ("extra", "[1, 2]"), "parameter 'extra' must be a YAML mapping"),
     ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),

@@ -44,6 +44,17 @@ def table(seeds: str, variants: str = ",".join(TABLE)) -> dict:
                         table=with_learning_rates(rates), jobs=2, **DECODE)
 
 
+def latency() -> dict:
+    "Every kept draft of the complete table timed alone, then the table rewritten with those timings: nothing is trained."
+    runs = STUDY / "steps2880" / "runs"
+    missing = [f"{v} seed {s}" for v in TABLE for s in (0, 1, 2) if not (runs / v / f"seed{s}" / "result.json").is_file()]
+    if missing: raise SystemExit(f"study.py latency: the table is not complete ({', '.join(missing)}): run `table 0,1,2` first")
+    torch.set_num_threads(1)                                 # one thread, as each table run had; run it on an idle machine
+    timed = time_kept_drafts(STUDY / "steps2880")
+    table("0,1,2")
+    return timed
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("piece", choices=["sweep", "rates", "table", "latency"])
@@ -53,7 +64,4 @@ if __name__ == "__main__":
     if a.piece == "sweep": sweep()
     elif a.piece == "rates": print(rates())
     elif a.piece == "table": table(a.seeds, a.variants)
-    else:                                                    # after the table: its latency columns from latency.json
-        torch.set_num_threads(1)                             # one thread, as each table run had; run it on an idle machine
-        time_kept_drafts(STUDY / "steps2880")
-        table("0,1,2")
+    else: latency()
