@@ -516,19 +516,21 @@ def _train_rows(run_dir: Path) -> list[dict]:
     return [r for r in (json.loads(l) for l in f.read_text().splitlines() if l.strip()) if "loss" in r]
 
 # %% ../nbs/40_ablations.ipynb #d5efaf64
-def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -> Path:
+def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -> Optional[Path]:
     """Each recipe's training loss on its own panel (DFlash's CE and Domino's λ-mixed CE are different objectives, not
-    comparable on one axis), and the quantity they share, the teacher-forced acceptance length; moving averages."""
+    comparable on one axis), and the quantity they share, the teacher-forced acceptance length; moving averages.
+    None when nothing was trained (prompt lookup alone)."""
     from matplotlib.figure import Figure
-    recipes = list(dict.fromkeys(d["recipe"] for d in res["variants"].values()))
+    curves = {n: [rows for _seed, rd in sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))
+                  if (rows := _train_rows(Path(rd)))] for n in res["variants"]}
+    recipes = list(dict.fromkeys(res["variants"][n]["recipe"] for n, c in curves.items() if c))   # lookup trains nothing
+    if not recipes: return None
     fig = Figure(figsize=(5 * (len(recipes) + 1), 4))
     axes = dict(zip(recipes + ["accept_len"], fig.subplots(1, len(recipes) + 1)))
-    for n, d in res["variants"].items():
-        for j, (_seed, rd) in enumerate(sorted(run_dirs.get(n, {}).items(), key=lambda kv: _seed_key(kv[0]))):
-            rows = _train_rows(Path(rd))
-            if not rows: continue
+    for n, runs in curves.items():
+        for j, rows in enumerate(runs):
             k = max(1, len(rows) // 25)
-            for ax, key in ((axes[d["recipe"]], "loss"), (axes["accept_len"], "accept_len")):
+            for ax, key in ((axes[res["variants"][n]["recipe"]], "loss"), (axes["accept_len"], "accept_len")):
                 ax.plot([r["step"] for r in rows], moving_average([r[key] for r in rows], k), color=colors[n], lw=1,
                         label=n if j == 0 else None)
     for r in recipes:
@@ -586,7 +588,8 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     fig.tight_layout()
     paths.append(out / "tau.png")
     fig.savefig(paths[-1], dpi=100)
-    if run_dirs: paths.append(_plot_training_curves(res, run_dirs, colors, out / "training_curves.png"))
+    if run_dirs and (p := _plot_training_curves(res, run_dirs, colors, out / "training_curves.png")) is not None:
+        paths.append(p)
     if (p := _plot_tau_by_repetition(res, colors, out / "tau_by_repetition.png")) is not None: paths.append(p)
     fig = Figure(figsize=(7, 3.8))
     ax = fig.subplots()
