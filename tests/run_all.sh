@@ -10,7 +10,13 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 echo "== notebooks are clean (nbdev_clean leaves no diff)"
 nbdev_clean
-git diff --exit-code --stat -- nbs/ || { echo "nbs/ is not clean: run nbdev_clean and commit"; exit 1; }
+if ! git diff --quiet -- nbs/; then
+  git diff --stat -- nbs/
+  echo "nbs/ differs from what is committed even after nbdev_clean: most often the outputs of a notebook run in Lab."
+  echo "To restore a notebook you only ran: git restore <notebook>. If you changed it on purpose, clear the outputs you"
+  echo "added (Lab: Edit > Clear Outputs of All Cells, then save), check that git diff shows only your change, and commit."
+  exit 1
+fi
 
 echo "== library is in sync with the notebooks (nbdev_export leaves no diff)"
 nbdev_export
