@@ -5,12 +5,13 @@
 # %% ../nbs/08_progress.ipynb #0b7e5a03
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 
 # %% auto #0
-__all__ = ['format_seconds', 'Phase']
+__all__ = ['format_seconds', 'bars_wanted', 'progress_bar', 'Phase', 'hf_bars_off']
 
 # %% ../nbs/08_progress.ipynb #f077d367
 def format_seconds(s: float) -> str:
@@ -20,17 +21,34 @@ def format_seconds(s: float) -> str:
     h, m = divmod(round(s / 60), 60)
     return f"{h} h {m:02d} min" if h else f"{m} min"
 
+# %% ../nbs/08_progress.ipynb #ce504b9d
+def _in_jupyter() -> bool:
+    "Inside a Jupyter kernel (Lab, papermill), where `tqdm.auto` draws a widget, not cursor codes."
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def bars_wanted(show: bool = True, stream=None) -> bool:
+    "Draw a bar? Only on the main process (`show`), without `TQDM_DISABLE`, and on a terminal or in Jupyter."
+    if not show or os.environ.get("TQDM_DISABLE", "") not in ("", "0"): return False
+    return (stream or sys.stderr).isatty() or _in_jupyter()
+
+
+def progress_bar(total: int | None = None, show: bool = True, **kw):
+    "A `tqdm.auto` bar on stderr, ETA averaged over the whole phase, drawn only where `bars_wanted` says."
+    from tqdm.auto import tqdm
+    return tqdm(total=total, disable=not bars_wanted(show), file=sys.stderr, **{"smoothing": 0, **kw})
+
 # %% ../nbs/08_progress.ipynb #f7eccdb5
 class Phase:
     """A long phase: a `tqdm.auto` bar with an ETA while it runs, then `done(...)` prints ONE summary line with its time.
 
-    `show=False` (a non-main rank) draws and prints nothing; `TQDM_DISABLE=1` drops the bar but keeps the line."""
+    `show=False` (a non-main rank) draws and prints nothing; the bar draws where `bars_wanted` says, the line always."""
     def __init__(self, name: str, total: int | None = None, unit: str = "it", show: bool = True, **bar_kw):
-        from tqdm.auto import tqdm
         self.name, self.show, self.t0 = name, show, time.perf_counter()
-        off = not show or os.environ.get("TQDM_DISABLE", "") not in ("", "0")
         # leave=False: the line replaces it
-        self.bar = tqdm(total=total, desc=name, unit=unit, disable=off, leave=False, file=sys.stderr, **bar_kw)
+        self.bar = progress_bar(total, show, desc=name, unit=unit, leave=False, **bar_kw)
 
     def update(self, n: int = 1, **postfix):
         "Advance the bar by `n`; `postfix` (e.g. `tau=1.42`) shows a running figure beside it."
@@ -52,3 +70,18 @@ class Phase:
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.bar.close()   # an error mid-phase leaves no half-drawn bar
+
+# %% ../nbs/08_progress.ipynb #258b2cb7
+@contextlib.contextmanager
+def hf_bars_off():
+    "Within the block, no bars from `datasets`, `transformers` or `huggingface_hub`; each switch restored after."
+    import datasets, huggingface_hub.utils as hub
+    from transformers.utils import logging as tf_logging
+    was = datasets.are_progress_bars_disabled(), tf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    tf_logging.disable_progress_bar()                   # transformers' switch turns the hub's off too
+    try: yield
+    finally:
+        if not was[0]: datasets.enable_progress_bars()
+        if was[1]: tf_logging.enable_progress_bar()
+        if not was[2]: hub.enable_progress_bars()
