@@ -57,22 +57,39 @@ def log_ticks(ax, values, axis: str = "x"):
 # %% ../nbs/19_plots.ipynb #9a1c0012
 _PANELS = [("loss (log scale)", ["loss", "final_loss", "base_loss"]), ("accuracy", ["accuracy", "base_accuracy"]),
            ("accept_len (teacher-forced)", ["accept_len", "base_accept_len"])]
+_ROLE_COLOR = {"draft": "C0", "base": "C1", "objective": "k"}
+_ROLE_NOTE = "blue: the draft's prediction (Domino: backbone + head)   orange: the backbone alone   circles: validation"
+
+
+def _role(label: str, keys: list[str]) -> str:
+    "What a curve is: Domino's training objective (`loss` beside a base/final split), the backbone alone, or the draft."
+    names = [k.removeprefix("eval/") for k in label.split(" = ")]
+    if names == ["loss"] and len(keys) > 1 and "final_loss" in keys: return "objective"
+    return "base" if all(n.startswith("base_") for n in names) else "draft"
+
+
+def _step_ticks(ax):
+    "Optimiser steps are whole numbers: tick them so (a 3-step run otherwise gets 1.25, 1.5, ...)."
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
 
 def _draw_metric(ax, rows: list[dict], title: str, keys: list[str]):
-    "Training curves (smoothed over faint raw values) and validation markers of `keys` on one panel."
+    "Training curves (smoothed over faint raw values) and validation markers of `keys` on one panel, coloured by role."
     train, evals = [r for r in rows if "loss" in r], [r for r in rows if "eval/loss" in r]
-    color = lambda label: f"C{keys.index(label.split(' = ')[-1].removeprefix('eval/'))}"   # a base curve is a base curve's colour
     drawn = curves(train, keys)
+    split = len(drawn) > 1                        # Domino: the objective is a mix of the curves beside it
     for label, xs, ys in drawn:
-        smooth = moving_average(ys, max(1, len(ys) // 50))
-        if label == "loss" and len(drawn) > 1:    # Domino's objective, between base and final: dashed, on top of both
+        smooth, role = moving_average(ys, max(1, len(ys) // 50)), _role(label, keys if split else [])
+        if role == "objective":                   # between base and final: dashed, on top of both
             ax.plot(xs, smooth, "k--", lw=1, zorder=3, label="loss (trained: λ·base + (1−λ)·final)")
             continue
-        ax.plot(xs, ys, color=color(label), lw=0.6, alpha=0.3)
-        ax.plot(xs, smooth, color=color(label), lw=1.5, label=label)
+        ax.plot(xs, ys, color=_ROLE_COLOR[role], lw=0.6, alpha=0.3)
+        ax.plot(xs, smooth, color=_ROLE_COLOR[role], lw=1.5, label=label)
     for label, xs, ys in curves(evals, [f"eval/{k}" for k in keys]):
-        ax.plot(xs, ys, "o", color=color(label), mfc="none", ms=7, label=label)
+        ax.plot(xs, ys, "o", color=_ROLE_COLOR[_role(label, keys if split else [])], mfc="none", ms=7, label=label)
     ax.set(title=title, xlabel="optimiser step")
+    _step_ticks(ax)
     if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=8)
 
 # %% ../nbs/19_plots.ipynb #9a1c0013
@@ -81,11 +98,12 @@ def _draw_schedules(ax, rows: list[dict]):
     train = [r for r in rows if "lr" in r]
     ax.plot([r["step"] for r in train], [r["lr"] for r in train], "k-", lw=1.5, label="lr")
     ax.set(title="schedules", xlabel="optimiser step", ylabel="learning rate")
+    _step_ticks(ax)
     handles, labels = ax.get_legend_handles_labels()
     lam = curves(train, ["lambda_base"])
     if lam:
         ax2 = ax.twinx()
-        ax2.plot(lam[0][1], lam[0][2], color="C3", lw=1.5, label="λ (base-loss weight)")
+        ax2.plot(lam[0][1], lam[0][2], color="C2", lw=1.5, label="λ (base-loss weight)")
         ax2.set(ylabel="λ", ylim=(-0.05, 1.05))
         handles, labels = handles + ax2.get_legend_handles_labels()[0], labels + ax2.get_legend_handles_labels()[1]
     ax.legend(handles, labels, fontsize=8)
@@ -99,6 +117,7 @@ def plot_training(rows: list[dict], path) -> Path:
     for ax, (title, keys) in zip(axes, _PANELS): _draw_metric(ax, rows, title, keys)
     log_scale(axes[0])
     _draw_schedules(axes[3], rows)
+    fig.suptitle(_ROLE_NOTE, fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
