@@ -37,11 +37,16 @@ def curves(rows: list[dict], keys: list[str]) -> list[tuple[str, list[int], list
 
 # %% ../nbs/19_plots.ipynb #9a1c0021
 def log_scale(ax, axis: str = "y"):
-    "A log-scaled `axis` of `ax` labelled in plain numbers (40, 3, 0.5) at the decades and at 2, 3 and 5 times them."
+    """A log-scaled `axis` of `ax` labelled in plain numbers (40, 3, 0.5) at the decades and at 2, 3 and 5 times them;
+    every tick is labelled when the axis spans less than a decade (a short run's loss from 42 to 35 has no 2, 3 or 5)."""
     which = ax.yaxis if axis == "y" else ax.xaxis
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    lim = ax.get_ylim if axis == "y" else ax.get_xlim
+    def minor(v, _pos):
+        lo, hi = sorted(lim())
+        return f"{v:g}" if hi < 10 * lo or round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) else ""
     which.set_major_formatter(lambda v, _pos: f"{v:g}")
-    which.set_minor_formatter(lambda v, _pos: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5) else "")
+    which.set_minor_formatter(minor)
 
 
 # %% ../nbs/19_plots.ipynb #9a1c0018
