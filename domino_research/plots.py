@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['moving_average', 'curves', 'log_scale', 'log_ticks', 'plot_training']
+__all__ = ['moving_average', 'curves', 'log_scale', 'log_ticks', 'plot_training', 'assert_readable']
 
 # %% ../nbs/19_plots.ipynb #9a1c0006
 def moving_average(ys: list[float], k: int) -> list[float]:
@@ -93,7 +93,7 @@ def _draw_metric(ax, rows: list[dict], title: str, keys: list[str]):
         ax.plot(xs, smooth, color=_ROLE_COLOR[role], lw=1.5, label=label)
     for label, xs, ys in curves(evals, [f"eval/{k}" for k in keys]):
         ax.plot(xs, ys, "o", color=_ROLE_COLOR[_role(label, keys if split else [])], mfc="none", ms=7, label=label)
-    ax.set(title=title, xlabel="optimiser step")
+    ax.set(title=title, xlabel="optimiser step", ylabel=title.split(" (")[0])
     _step_ticks(ax)
     if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=8)
 
@@ -128,3 +128,35 @@ def plot_training(rows: list[dict], path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
+
+# %% ../nbs/19_plots.ipynb #99f994cb
+def _color_key(artist) -> tuple:
+    "How a reader tells a series apart: its colour, and for a line its style (a dashed black line is not a solid one)."
+    from matplotlib.colors import to_hex
+    if hasattr(artist, "get_linestyle") and hasattr(artist, "get_xdata"):
+        return to_hex(artist.get_color()), artist.get_linestyle(), artist.get_marker() not in (None, "None", "")
+    patch = artist.patches[0] if hasattr(artist, "patches") and artist.patches else artist
+    return to_hex(patch.get_facecolor()), "patch", False
+
+
+def assert_readable(fig, meaning=None, max_px=(1200, 800)):
+    """Fail unless `fig` follows the rules above: labelled axes, a title, readable legends, one meaning per colour, a
+    page's size. `meaning(label)`: what a legend label means, when one colour names a role across panels (default: the
+    label, without a trailing `(...)` figure and an `eval/` prefix: a series and its validation points are one)."""
+    meaning = meaning or (lambda label: label.split(" (")[0].replace("eval/", ""))
+    w, h = (fig.get_size_inches() * fig.dpi).round()
+    assert w <= max_px[0] and h <= max_px[1], f"figure is {w:.0f}×{h:.0f} px, more than {max_px}"
+    means = {}
+    for ax in fig.axes:
+        named = [a for a in ax.get_lines() + list(ax.containers) if not str(a.get_label()).startswith("_")]
+        if not (ax.has_data() or named): continue
+        twin = any(o is not ax and o.bbox.bounds == ax.bbox.bounds for o in fig.axes)   # a right-hand axis shares the x label
+        assert ax.get_ylabel() and (ax.get_xlabel() or twin), f"panel {ax.get_title()!r}: an axis has no label"
+        assert ax.get_title() or fig._suptitle is not None or twin, "a panel has no title"
+        if len(named) > 1 or (named and twin):
+            legends = [o.get_legend() for o in fig.axes if o.bbox.bounds == ax.bbox.bounds and o.get_legend()]
+            assert legends, f"panel {ax.get_title()!r}: {len(named)} named series and no legend"
+            assert min(t.get_fontsize() for t in legends[0].get_texts()) >= 7, f"panel {ax.get_title()!r}: legend too small"
+        for a in named: means.setdefault(_color_key(a), set()).add(meaning(str(a.get_label())))
+    shared = {k[0]: m for k, m in means.items() if len(m) > 1}
+    assert not shared, f"a colour means several things: {shared}"
