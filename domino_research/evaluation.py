@@ -394,49 +394,54 @@ def _tau_by_loops(rows: list[dict], variants) -> dict:
 
 # %% ../nbs/32_evaluation.ipynb #61647440
 def plot_eval(res: dict, out_dir) -> list[Path]:
-    "τ distribution, per-slot acceptance and speed plots of an `evaluate_draft` result, as PNGs in `out_dir`."
+    """τ distribution, acceptance by proposal and speed plots of an `evaluate_draft` result, as PNGs in `out_dir`. Blue is
+    the draft as it decodes (with its head, for Domino), orange the backbone alone, in every figure."""
     from matplotlib.figure import Figure                                 # no pyplot: works headless and in notebooks
+    from matplotlib.ticker import MaxNLocator
     out, bs, paths = Path(out_dir), res["block_size"], []
     domino = res.get("projector_type") == "domino"
-    fig = Figure(figsize=(10, 3.5))
-    a, b = fig.subplots(1, 2)
-    steps = range(1, bs + 1)
-    for key, lab in (("accept_hist", "with head" if domino else "draft"), ("accept_hist_base", "base only")):
-        if key == "accept_hist_base" and not domino: continue
-        h = res[key][1:]
-        tot = max(sum(h), 1)
-        a.bar([x + (0.2 if key.endswith("base") else -0.2) for x in steps], [c / tot for c in h], width=0.4, label=lab)
-    a.set(xlabel="tokens committed per verify step", ylabel="fraction of steps", title=f"τ = {res['tau']:.2f} (block {bs})")
-    a.legend()
-    b.hist([r["tau_spec"] for r in res.get("per_prompt", []) if r["tau_spec"] == r["tau_spec"]], bins=20)
-    b.set(xlabel="τ per prompt", ylabel="prompts", title=f"{res['n_prompts']} prompts")
+    series = [("", "with head" if domino else "draft", "C0")] + ([("_base", "base only", "C1")] if domino else [])
+    taus = [r["tau_spec"] for r in res.get("per_prompt", []) if r["tau_spec"] == r["tau_spec"]]   # kept with --per_prompt
+    fig = Figure(figsize=(10, 3.5) if taus else (5.5, 3.5))
+    a, *per_prompt = fig.subplots(1, 2 if taus else 1, squeeze=False)[0]
+    hists = {suffix: res[f"accept_hist{suffix}"][1:] for suffix, *_ in series}
+    last = max((i + 1 for h in hists.values() for i, c in enumerate(h) if c), default=1)   # the x-range holds what occurred
+    for j, (suffix, label, color) in enumerate(series):
+        h, offset = hists[suffix][:last], (j - (len(series) - 1) / 2) * 0.4
+        a.bar([x + offset for x in range(1, last + 1)], [c / max(sum(hists[suffix]), 1) for c in h], width=0.4,
+              color=color, label=f"{label} (τ {res['tau' + suffix]:.2f})")
+    a.set(xlabel="tokens committed per verify step", ylabel="fraction of verify steps",
+          title=f"tokens per verify step (block {bs}: at most {bs})", xlim=(0.4, last + 0.6))
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    a.legend(fontsize=8)
+    for b in per_prompt:                                                 # τ per prompt, where the result has them
+        b.hist(taus, bins=min(20, len(taus)), color="C0")
+        b.set(xlabel="τ of one prompt (tokens per verify step)", ylabel="prompts",
+              title=f"τ per prompt, {len(taus)} prompts ({series[0][1]})")
     fig.tight_layout()
     paths.append(out / "tau.png")
     fig.savefig(paths[-1], dpi=100)
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
-    slots = range(1, bs)
-    ax.bar(
-        [x - 0.2 for x in slots],
-        res["per_slot_acceptance"],
-        width=0.4,
-        label=f"with head (τ {res['tau']:.2f})" if domino else "draft",
-    )
-    if domino:
-        ax.bar([x + 0.2 for x in slots], res["per_slot_acceptance_base"], width=0.4, label=f"base only (τ {res['tau_base']:.2f})")
-    ax.set(xlabel="proposal i (d_i)", ylabel="P(accepted)", ylim=(0, 1), title="per-slot acceptance")
-    ax.legend()
+    for j, (suffix, label, color) in enumerate(series):
+        p = res[f"per_slot_acceptance{suffix}"]
+        ax.bar([i + (j - (len(series) - 1) / 2) * 0.4 for i in range(1, bs)], p, width=0.4, color=color,
+               label=f"{label} (τ {res['tau' + suffix]:.2f})")
+    ax.set(xlabel="proposal i", ylabel="P(first i proposals accepted)", ylim=(0, 1),
+           title="acceptance by proposal (mean over verify steps)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "per_slot_acceptance.png")
     fig.savefig(paths[-1], dpi=100)
     fig = Figure(figsize=(5, 3.5))
     ax = fig.subplots()
-    names, vals = ["greedy", "speculative"], [res["target_tokens_per_s"], res["spec_tokens_per_s"]]
+    names, vals = ["plain greedy", "speculative"], [res["target_tokens_per_s"], res["spec_tokens_per_s"]]
     if domino:
         names.append("spec, base only")
         vals.append(res["base_tokens_per_s"])
-    ax.bar(names, vals)
-    ax.set(ylabel="tokens / s", title=f"speedup {res['speedup']:.2f}× ({res['device']})")
+    ax.bar(names, vals, color="C7")
+    ax.set(xlabel="decoding", ylabel="tokens / s", title=f"speed-up {res['speedup']:.2f}× over plain greedy ({res['device']})")
     fig.tight_layout()
     paths.append(out / "speedup.png")
     fig.savefig(paths[-1], dpi=100)
