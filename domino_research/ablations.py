@@ -525,7 +525,7 @@ def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -
                   if (rows := _train_rows(Path(rd)))] for n in res["variants"]}
     recipes = list(dict.fromkeys(res["variants"][n]["recipe"] for n, c in curves.items() if c))   # lookup trains nothing
     if not recipes: return None
-    fig = Figure(figsize=(5 * (len(recipes) + 1), 4))
+    fig = Figure(figsize=(min(12, 4 * (len(recipes) + 1)), 4))
     axes = dict(zip(recipes + ["accept_len"], fig.subplots(1, len(recipes) + 1)))
     for n, runs in curves.items():
         for j, rows in enumerate(runs):
@@ -537,7 +537,7 @@ def _plot_training_curves(res: dict, run_dirs: dict, colors: dict, path: Path) -
         log_scale(axes[r])
         axes[r].set(xlabel="optimiser step", ylabel=f"{r} training loss", title=f"{r} recipe: loss")
     axes["accept_len"].set(xlabel="optimiser step", ylabel="accept_len", title="teacher-forced acceptance length (all)")
-    for ax in axes.values(): ax.legend(fontsize=7)
+    for ax in axes.values(): ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
@@ -550,7 +550,7 @@ def _plot_tau_by_repetition(res: dict, colors: dict, path: Path) -> Optional[Pat
     rows = {n: d for n, d in res["variants"].items() if d.get("tau_by_repetition")}
     if not rows or not res.get("repetition"): return None
     groups = ["all prompts", *(f"{t}\n(score {r['min']:.2f}–{r['max']:.2f})" for t, r in zip(THIRDS, res["repetition"]))]
-    fig = Figure(figsize=(max(7, 1.2 * len(groups) * (len(rows) + 1) / 2), 4))
+    fig = Figure(figsize=(11, 4.8))                                  # one page wide: 1100 × 480 px
     ax, width = fig.subplots(), 0.8 / len(rows)
     for k, (n, d) in enumerate(rows.items()):
         for g, s in enumerate([d["tau"], *d["tau_by_repetition"]]):
@@ -558,8 +558,9 @@ def _plot_tau_by_repetition(res: dict, colors: dict, path: Path) -> Optional[Pat
             ax.bar(x, s["mean"], width, color=colors[n], alpha=0.7, label=n if g == 0 else None)
             ax.errorbar(x, s["mean"], yerr=[[s["mean"] - s["min"]], [s["max"] - s["mean"]]], color="k", capsize=2, lw=0.8)
     ax.set_xticks(range(len(groups)), groups, fontsize=8)
-    ax.set(ylabel="τ (tokens / target forward)", title="τ by repetition of the target's continuation (bars: mean over seeds)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set(xlabel="prompts, ranked by how repetitive the target's continuation is", ylabel="τ (tokens / target forward)",
+           title="τ by repetition: bars the mean over seeds, whiskers the lowest and highest seed")
+    ax.legend(fontsize=8, ncol=min(len(rows), 4), loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
@@ -584,7 +585,8 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
         ax.plot([i] * len(seeds), seeds, "o", color="k", ms=4)
         if d["recipe"] == "domino": ax.plot(i, d["tau_base"]["mean"], "D", mfc="none", color="k", ms=7)
     ax.set_xticks(range(len(names)), [f"{n}\n(bs {res['variants'][n]['block_size']})" for n in names], fontsize=8)
-    ax.set(ylabel="τ (tokens / target forward)", title="τ per variant: bar mean, dots seeds, ◇ base τ (no head)")
+    ax.set(xlabel="variant (block size)", ylabel="τ (tokens / target forward)",
+           title="τ per variant: bar mean, dots seeds, ◇ base τ (no head)")
     fig.tight_layout()
     paths.append(out / "tau.png")
     fig.savefig(paths[-1], dpi=100)
@@ -596,8 +598,9 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
     for n in names:
         p = res["variants"][n]["per_slot_acceptance"]
         ax.plot(range(1, len(p) + 1), p, "o-", color=colors[n], label=n, ms=3)
-    ax.set(xlabel="proposal i", ylabel="P(proposal i accepted)", ylim=(0, 1), title="per-slot acceptance (mean over seeds)")
-    ax.legend(fontsize=7)
+    ax.set(xlabel="proposal i", ylabel="P(first i proposals accepted)", ylim=(0, 1),
+           title="acceptance by proposal (mean over seeds)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "per_slot_acceptance.png")
     fig.savefig(paths[-1], dpi=100)
@@ -1099,7 +1102,7 @@ def plot_budget(s: dict, out_dir, comparisons=("domino/dflash_shift_matched", "d
         a.errorbar(steps, [x["mean"] for x in t], yerr=[[x["mean"] - x["min"] for x in t], [x["max"] - x["mean"] for x in t]],
                    fmt="o-", ms=4, capsize=3, color=f"C{i % 10}", label=n)
     a.set(xlabel="optimiser steps (budget)", ylabel="τ", title="τ per budget (mean, min–max over seeds)")
-    a.legend(fontsize=7)
+    a.legend(fontsize=8)
     for i, name in enumerate(c for c in comparisons if c in s["comparisons"]):
         by = s["comparisons"][name]
         steps = [int(k) for k in by]
@@ -1109,7 +1112,7 @@ def plot_budget(s: dict, out_dir, comparisons=("domino/dflash_shift_matched", "d
     b.axhline(1, color="k", lw=0.5)
     for ax in (a, b): log_ticks(ax, s["budgets"])                # ticks at the budgets: 360 / 1080 / 2880
     b.set(xlabel="optimiser steps (budget)", ylabel="τ ratio", title="τ ratios with 95 % intervals")
-    b.legend(fontsize=7)
+    b.legend(fontsize=8)
     fig.tight_layout()
     path = Path(out_dir) / "budget.png"
     fig.savefig(path, dpi=100)
