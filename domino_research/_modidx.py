@@ -841,6 +841,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                        'domino_research.masks._dense_for': ('masks.html#_dense_for', 'domino_research/masks.py'),
                                        'domino_research.masks._flex_for': ('masks.html#_flex_for', 'domino_research/masks.py'),
                                        'domino_research.masks._grid_mask': ('masks.html#_grid_mask', 'domino_research/masks.py'),
+                                       'domino_research.masks._ordered': ('masks.html#_ordered', 'domino_research/masks.py'),
+                                       'domino_research.masks._tile_counts': ('masks.html#_tile_counts', 'domino_research/masks.py'),
                                        'domino_research.masks.block_mask_for': ('masks.html#block_mask_for', 'domino_research/masks.py'),
                                        'domino_research.masks.dense_block_mask': ( 'masks.html#dense_block_mask',
                                                                                    'domino_research/masks.py'),
