@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
+import pyarrow.compute as pc
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
@@ -563,12 +564,21 @@ def _progress_bar(self: TrainDFlashRecipe, step: int) -> tqdm:
 
 # %% ../nbs/34_train.ipynb #182bfaeb
 @patch
+def _row_lengths(self: TrainDFlashRecipe) -> list[int]:
+    "Tokens per training row (for `length_group_steps`), read once from the dataset's Arrow column."
+    if getattr(self, "_lengths", None) is None:
+        self._lengths = pc.list_value_length(self.train_set.with_format("arrow")["input_ids"]).to_pylist()
+    return self._lengths
+
+@patch
 def _epoch_windows(self: TrainDFlashRecipe, epoch: int, position: int):
     """The windows of up to `grad_accumulation_steps` collated micro-batches left in `epoch` from sample `position` on;
     each with the position after it (every rank took as many) and whether it ends the epoch."""
     cfg, acc = self.cfg, self.accelerator
-    batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
-                          cfg.micro_batch_size, pad=True, start=position)
+    step_rows = cfg.micro_batch_size * cfg.grad_accumulation_steps * acc.num_processes   # the same on a resume
+    batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes, cfg.micro_batch_size,
+                          pad=True, start=position, lengths=self._row_lengths() if cfg.length_group_steps else None,
+                          group=step_rows * cfg.length_group_steps)
     loader, offset = iter(self._train_loader(batches)), 0          # offset: micro-batches of `batches` done
     while offset < len(batches):
         window = list(itertools.islice(loader, cfg.grad_accumulation_steps))
