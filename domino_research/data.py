@@ -38,8 +38,8 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES',
            'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
            'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
-           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'epoch_order',
-           'idle_blocks', 'check_has_anchors']
+           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'group_by_length',
+           'epoch_order', 'idle_blocks', 'check_has_anchors']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -710,17 +710,27 @@ def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
 
 
 # %% ../nbs/11_data.ipynb #5d9bc8b0
+def group_by_length(order: list[int], lengths, group: int) -> list[int]:
+    """`order` with each run of `group` consecutive rows (from its start) sorted longest first, ties in their order: the
+    idea of transformers' `LengthGroupedSampler`, with one optimiser step's rows as the run."""
+    return [r for i in range(0, len(order), group) for r in sorted(order[i: i + group], key=lambda r: -lengths[r])]
+
 def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batch_size: int, pad: bool,
-                start: int = 0) -> list[list[int]]:
+                start: int = 0, lengths=None, group: int = 1) -> list[list[int]]:
     """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
-    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks."""
+    deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks.
+    With `lengths`, each `group` rows of the order (an optimiser step's: micro-batch × accumulation × ranks) are sorted
+    longest first before they are dealt: the same rows per step, with less padding and ranks of equal work."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
     per_rank = math.ceil(n / world)
     if pad:  # equal micro-batch counts on every rank: wrap the order around
         per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
         end = start + per_rank * world
-        order = (order * (end // max(n, 1) + 1))[start: end]
+        # whole groups past `end`: a group's sorting then depends on its own rows only, not on where this call stops
+        order = order * ((end + group) // max(n, 1) + 1)
+        if lengths is not None and group > 1: order = group_by_length(order, lengths, group)
+        order = order[start: end]
     mine = order[rank::world]
     return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
 

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import torch
+from typing import NamedTuple
+
 from fastcore.basics import patch
 from torch import Tensor, nn
 
@@ -18,7 +20,7 @@ from .masks import block_mask_for
 
 
 # %% auto #0
-__all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'metric_pairs', 'DominoTrainer']
+__all__ = ['LOSS_EPS', 'slot_gru_states', 'DFlashTrainer', 'metric_pairs', 'BlockTargets', 'DominoTrainer']
 
 # %% ../nbs/05_domino.ipynb #56dcd904
 def slot_gru_states(draft: DFlashDraftModel,
@@ -140,26 +142,39 @@ def _metric_sums(pred, labels, valid, has_valid):
     return correct.sum(), (accept_len(pred == labels, valid) * has_valid).sum()
 
 # %% ../nbs/05_domino.ipynb #533d8916
+class BlockTargets(NamedTuple):
+    "What the loss needs of a micro-batch's blocks besides the draft's output; built where the batch is built."
+    labels: Tensor      # Long[B, N, bs]
+    valid: Tensor       # Bool[B, N, bs]
+    weights: Tensor     # Float[B, N, bs]
+    n_weighted: int     # slots with a nonzero weight: counted on the host, so the loss need not ask the GPU
+
 @patch
-def block_targets(self: DFlashTrainer, input_ids, loss_mask, anchors, keep, position_ids=None) -> tuple[Tensor, Tensor, Tensor]:
-    "Labels, valid slots and loss weights `[B, N, bs]` of the kept blocks (notebook 01): once per micro-batch."
+def block_targets(self: DFlashTrainer, input_ids, loss_mask, anchors, keep, position_ids=None) -> BlockTargets:
+    """Labels, valid slots and loss weights `[B, N, bs]` of the kept blocks (notebook 01): once per micro-batch. The recipe
+    calls it on the host, before the batch goes to the GPU: there reading a count costs nothing."""
     dfl = self.draft.dflash
     labels, valid = block_labels(input_ids, loss_mask, anchors, keep, dfl.block_size, dfl.shift_label,
                                  position_ids=position_ids)
-    return labels, valid, loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)
+    w = loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)
+    return BlockTargets(labels, valid, w, int(w.count_nonzero()))
 
 # %% ../nbs/05_domino.ipynb #ab05a8e3
 @patch
 def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base,
           position_ids=None, targets=None):
-    anchors, keep = self._anchors(input_ids, loss_mask, anchor_positions, block_keep, generator, position_ids)
+    if targets is None:
+        anchors, keep = self._anchors(input_ids, loss_mask, anchor_positions, block_keep, generator, position_ids)
+        targets = self.block_targets(input_ids, loss_mask, anchors, keep, position_ids)
+    else:     # built where the batch was, from anchors checked there: no check here, which would wait for the GPU
+        anchors, keep = anchor_positions.long(), block_keep.bool()
     z = self._backbone(input_ids, target_hidden, anchors, keep, position_ids)                # [B, N, bs, H]
-    if targets is None: targets = self.block_targets(input_ids, loss_mask, anchors, keep, position_ids)
-    labels, valid, w = targets                                                               # [B, N, bs] each
+    labels, valid, w, n_weighted = targets                                                   # [B, N, bs] each, and a count
     s, use_delta = self._head_states(input_ids, anchors, z)
     head = dict(head_input=self.draft.head_input(z, s), **self.draft.head_ce_inputs()) if s is not None else {}
     ce = chunked_dual_ce(z, self.target_lm_head.weight.detach(), labels, w, use_delta=use_delta, **head,
-                         chunk_size=self.ce_chunk_size, lambda_base=lambda_base if head else None)
+                         chunk_size=self.ce_chunk_size, lambda_base=lambda_base if head else None,
+                         n_weighted=n_weighted, check_lambda=False)    # the loss below mixes with this very λ
     wsum = w.sum()
     base_loss, final_loss = ce["base_ce_sum"] / (wsum + LOSS_EPS), ce["final_ce_sum"] / (wsum + LOSS_EPS)
     has_valid = valid.any(-1)                                                                # [B, N]
@@ -170,7 +185,7 @@ def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_posit
     if head:
         final_correct, final_accept = _metric_sums(ce["final_pred"], labels, valid, has_valid)
         out.update(final_loss=final_loss.detach(), final_correct=final_correct, final_accept_sum=final_accept,
-                   lambda_base=torch.tensor(float(lambda_base), device=wsum.device))
+                   lambda_base=torch.full((), float(lambda_base), device=wsum.device))   # filled there: no copy from the host
     out["metrics"] = metric_pairs(out)
     return out
 

@@ -30,9 +30,10 @@ def _check_dual_ce_args(hidden, lm_head_weight, labels, weights, head_input, pro
         raise ValueError(f"dual CE: lm_head_weight must be [V, H={H}], got {tuple(lm_head_weight.shape)}")
     for name, t in (("labels", labels), ("weights", weights)):
         if t.shape != (T,): raise ValueError(f"dual CE: {name} must be [T={T}], got {tuple(t.shape)}")
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= V):
-        raise ValueError(f"dual CE: labels must lie in [0, V={V}), got min {int(labels.min())} max {int(labels.max())}; "
-                         "masked slots need a valid (e.g. clamped) label and weight 0")
+    # checked on the device: reading the labels' range on the host would wait for the GPU at every step; a GPU stops the
+    # run with this message at its next sync, the CPU raises it here
+    torch._assert_async(((labels >= 0) & (labels < V)).all(), f"dual CE: labels must lie in [0, V={V}); masked slots "
+                        "need a valid (e.g. clamped) label and weight 0")
     if head_input is not None:
         K, E = head_input.shape[-1], proj_in.shape[0]
         if head_input.shape != (T, K):
@@ -95,18 +96,25 @@ def _ce_grad_(z: Tensor, y: Tensor, w: Tensor, scale: float | None) -> tuple[Ten
     return (w * ce).sum(), pred[:, 0]
 
 # %% ../nbs/04_loss.ipynb #fb578a92
-def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need):
+def _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, n_weighted=None):
     """One pass over chunks of slots. `mixes`: list of (cb, cf); for each, the gradients of `cb·S_base + cf·S_final`
-    w.r.t. the inputs flagged in `need` (keys hidden, weight, head).
+    w.r.t. the inputs flagged in `need` (keys hidden, weight, head). `n_weighted`: how many slots have a weight, if the
+    caller counted them where the batch was built (else counted here: the host waits for the GPU).
     Returns (base_sum, final_sum, base_pred, final_pred, grads)."""
     with torch.autocast(hidden.device.type, enabled=False):            # this function controls every dtype itself
         T = hidden.shape[0]
+        if not mixes:                                                  # no gradients: no count needed
+            return _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, T)
         has_w = weights != 0
-        n_w = int(has_w.sum())
-        if not mixes or n_w == T or bool(has_w[:n_w].all()):         # no gradients, or weighted rows already first
+        if n_weighted is None: n_w = int(has_w.sum())
+        else:                                                          # the caller's count, checked on the device
+            n_w = int(n_weighted)
+            torch._assert_async(has_w.sum() == n_w, "dual CE: n_weighted is not the number of slots with a nonzero weight")
+        if n_w == T:                                                   # every row has weight: nothing to sort
             return _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need, n_w)
         # Rows with w == 0 have a zero gradient: sort the weighted rows first (stable), so every chunk's gradient
-        # matmuls run on a leading slice, then put the per-row results back in the caller's order.
+        # matmuls run on a leading slice, then put the per-row results back in the caller's order. Rows already in that
+        # order get the identity permutation (the same values): asking whether they are would wait for the GPU.
         perm = torch.argsort((~has_w).to(torch.int8), stable=True)    # [T]
         pr = lambda t: None if t is None else t.index_select(0, perm)
         head_p = None if head is None else (pr(head[0]), *head[1:])
@@ -201,10 +209,16 @@ def _dual_ce_pass_(hidden, weight, labels, weights, head, use_delta, chunk_size,
 # %% ../nbs/04_loss.ipynb #c6c01a8c
 _INPUTS = ("hidden", "weight", "labels", "weights", "head_input", "proj_in", "proj_out")
 
+def _is_mix(go_b: Tensor, go_f: Tensor, cb: float, cf: float) -> bool:
+    "Whether the grad outputs `(go_b, go_f)` are proportional to the declared mix `(cb, cf)` (any common scale)."
+    s = go_b + go_f
+    tol = 1e-5 * max(float(go_b.abs() + go_f.abs()), 1e-30)
+    return abs(float(go_b - cb * s)) <= tol and abs(float(go_f - cf * s)) <= tol
+
 class _ChunkedDualCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta, chunk_size, lambda_base, grad_on,
-                activation):
+                activation, n_weighted, check_lambda):
         nig = ctx.needs_input_grad
         has_head = head_input is not None
         need = dict(hidden=grad_on and nig[0], weight=grad_on and nig[1], head=grad_on and has_head and any(nig[4:7]))
@@ -213,10 +227,11 @@ class _ChunkedDualCE(torch.autograd.Function):
         elif lambda_base is not None: mixes = [(float(lambda_base), 1.0 - float(lambda_base))]
         else: mixes = [(1.0, 0.0), (0.0, 1.0)]
         head = (head_input, proj_in, proj_out, activation) if has_head else None
-        bs_, fs_, bp, fp, grads = _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need)
+        bs_, fs_, bp, fp, grads = _dual_ce_pass(hidden, weight, labels, weights, head, use_delta, chunk_size, mixes, need,
+                                                n_weighted)
         ctx.save_for_backward(hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta)
         ctx.mixes, ctx.grads, ctx.need, ctx.chunk_size, ctx.has_head = mixes, grads, need, chunk_size, has_head
-        ctx.activation = activation
+        ctx.activation, ctx.n_weighted, ctx.check_lambda = activation, n_weighted, check_lambda
         ctx.mark_non_differentiable(bp, fp)
         return bs_, fs_, bp, fp
 
@@ -224,13 +239,15 @@ class _ChunkedDualCE(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, go_b, go_f, _bp, _fp):
         mixes, grads = ctx.mixes, ctx.grads
-        if not mixes: return (None,) * 12
+        if not mixes: return (None,) * 14
         if not ctx.has_head: coefs = [go_b + go_f]
         elif len(mixes) == 2: coefs = [go_b, go_f]
         else:
             (cb, cf), s = mixes[0], go_b + go_f
-            tol = 1e-5 * max(float(go_b.abs() + go_f.abs()), 1e-30)
-            if abs(float(go_b - cb * s)) <= tol and abs(float(go_f - cf * s)) <= tol: coefs = [s]
+            # the caller vouches for the mix (the trainer builds its loss with this λ): no check, which reads go_b, go_f on
+            # the host and so waits for the GPU
+            if not ctx.check_lambda: coefs = [s]
+            elif _is_mix(go_b, go_f, cb, cf): coefs = [s]
             else:                                                           # not the declared mix: recompute exactly
                 hidden, weight, labels, weights, head_input, proj_in, proj_out, use_delta = ctx.saved_tensors
                 *_, grads = _dual_ce_pass(
@@ -243,6 +260,7 @@ class _ChunkedDualCE(torch.autograd.Function):
                     ctx.chunk_size,
                     [(float(go_b), float(go_f))],
                     ctx.need,
+                    ctx.n_weighted,
                 )
                 coefs = [torch.ones_like(go_b)]
         inputs = dict(zip(_INPUTS, ctx.saved_tensors))
@@ -261,11 +279,7 @@ class _ChunkedDualCE(torch.autograd.Function):
                 combine(k, need["head"] and ctx.needs_input_grad[i])
                 for i, k in ((4, "head_input"), (5, "proj_in"), (6, "proj_out"))
             ),
-            None,
-            None,
-            None,
-            None,
-            None,
+            *(None,) * 7,                  # use_delta, chunk_size, lambda_base, grad_on, activation, n_weighted, check_lambda
         )
 
 # %% ../nbs/04_loss.ipynb #25d5b5c6
@@ -294,6 +308,8 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
                     chunk_size: int = 256,             # slots per chunk: peak extra memory ~ 2·chunk_size·V fp32
                     *, lambda_base: float | None = None,  # the λ the loss will use: halves the backward work (see above)
                     activation: nn.Module | None = None,  # the head's act with its `.grad` (None: HeadActivation)
+                    n_weighted: int | None = None,  # slots with a nonzero weight, if counted where the batch was built
+                    check_lambda: bool = True,      # False: the caller's loss is λ·S_base + (1−λ)·S_final, unchecked
                    ) -> dict:
     "Dual CE without `[T, V]` logits: `dict(base_ce_sum, final_ce_sum, base_pred, final_pred)`, equal to `naive_dual_ce`."
     lead, hidden, labels, weights, head_input, use_delta = _flatten_dual_ce_args(hidden, labels, weights, head_input, use_delta)
@@ -308,7 +324,8 @@ def chunked_dual_ce(hidden: Tensor,            # [T, H] (or [..., H]) backbone o
     if head_input is not None: head_input = head_input.contiguous()
     bs_, fs_, bp, fp = _ChunkedDualCE.apply(hidden, lm_head_weight, labels, weights, head_input, proj_in, proj_out,
                                             use_delta, chunk_size, lambda_base, torch.is_grad_enabled(),
-                                            HeadActivation() if activation is None else activation)
+                                            HeadActivation() if activation is None else activation, n_weighted,
+                                            check_lambda)
     return dict(base_ce_sum=bs_, final_ce_sum=fs_, base_pred=bp.reshape(lead), final_pred=fp.reshape(lead))
 
 # %% ../nbs/04_loss.ipynb #d3d411df

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torch.nn.attention.flex_attention import BlockMask
 from transformers.utils.generic import GeneralInterface
 
 from .config import ConfigError
@@ -73,6 +73,28 @@ def dense_block_mask(anchor_positions: Tensor,  # [B, N]
     return mask.masked_fill(~allowed, float("-inf"))[:, None]
 
 # %% ../nbs/02_masks.ipynb #b88143a9
+def _tile_counts(anchor_positions, block_keep, seq_len, block_size, q_tile, kv_tile, context_start=None) -> Tensor:
+    "Long[B, ceil(Q / q_tile), ceil(K / kv_tile)]: the allowed (query, key) cells of each tile, from the rule's intervals."
+    B, N = anchor_positions.shape
+    S, Q, dev = seq_len, N * block_size, anchor_positions.device
+    j = torch.arange(Q, device=dev) // block_size                                  # [Q] each query row's block
+    lo = torch.zeros_like(anchor_positions) if context_start is None else context_start.long()
+    hi = torch.where(block_keep, anchor_positions.clamp(max=S), lo)                # [B, N] context keys [lo, hi)
+    n_kv = -(-(S + Q) // kv_tile)
+    k0 = torch.arange(n_kv, device=dev) * kv_tile                                  # [n_kv] first key of each tile
+    def overlap(start, end):                                                       # [B | 1, Q, n_kv] keys of [start, end)
+        return (torch.minimum(end[..., None], k0 + kv_tile) - torch.maximum(start[..., None], k0)).clamp(min=0)
+    own = S + j * block_size                                                       # [Q] the row's own block
+    rows = overlap(lo[:, j], hi[:, j]) + overlap(own, own + block_size)            # [B, Q, n_kv]
+    n_q = -(-Q // q_tile)
+    rows = torch.nn.functional.pad(rows, (0, 0, 0, n_q * q_tile - Q))              # rows past Q: masked
+    return rows.reshape(B, n_q, q_tile, n_kv).sum(2)
+
+def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:
+    "A tile mask `[B, 1, q_tiles, kv_tiles]` as a BlockMask lists it: the count per row, and the set tiles first (stable)."
+    t = tiles.to(torch.int32)
+    return t.sum(-1, dtype=torch.int32), torch.argsort(t, dim=-1, descending=True, stable=True).to(torch.int32)
+
 def flex_block_mask(anchor_positions: Tensor,  # [B, N]
                     block_keep: Tensor,        # [B, N]
                     seq_len: int,
@@ -81,14 +103,18 @@ def flex_block_mask(anchor_positions: Tensor,  # [B, N]
                     BLOCK_SIZE: int | tuple[int, int] = 128,  # Flex tile size (tests use small tiles)
                     context_start: Tensor | None = None,     # [B, N] packed rows: each block's document start
                    ) -> BlockMask:              # Q_LEN = N*bs, KV_LEN = S + N*bs, heads broadcast
-    "FlexAttention BlockMask of the block rule, same rule as `dense_block_mask`."
+    """FlexAttention BlockMask of the block rule, same rule as `dense_block_mask`, built from the rule's intervals: equal
+    to `create_block_mask`'s without evaluating the `Q × K` grid."""
     device = torch.device(device) if device is not None else anchor_positions.device
-    a, keep = anchor_positions.to(device), block_keep.to(device)
+    a, keep = anchor_positions.to(device).long(), block_keep.to(device).bool()
     start = context_start.to(device) if context_start is not None else None
-    B, N = a.shape
+    N = a.shape[1]
+    tq, tk = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
+    count = _tile_counts(a, keep, seq_len, block_size, tq, tk, start)[:, None]     # [B, 1, q_tiles, kv_tiles]
+    partial, full = _ordered((count > 0) & (count < tq * tk)), _ordered(count == tq * tk)
     mod = _block_mask_mod(a, keep, seq_len, block_size, start)
-    return create_block_mask(mod, B=B, H=None, Q_LEN=N * block_size, KV_LEN=seq_len + N * block_size,
-                             device=device, BLOCK_SIZE=BLOCK_SIZE)
+    return BlockMask.from_kv_blocks(*partial, *full, BLOCK_SIZE=(tq, tk), mask_mod=mod,
+                                    seq_lengths=(N * block_size, seq_len + N * block_size))
 
 # %% ../nbs/02_masks.ipynb #9574dc5d
 def _dense_for(anchor_positions, block_keep, seq_len, block_size, dtype=torch.float32, context_start=None) -> Tensor:

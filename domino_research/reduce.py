@@ -5,14 +5,18 @@
 # %% ../nbs/06_reduce.ipynb #5237e8c2
 from __future__ import annotations
 
+import contextlib, os, traceback
+from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # %% auto #0
-__all__ = ['reduce_values', 'MetricSums']
+__all__ = ['reduce_tensor', 'reduce_values', 'to_host', 'MetricSums', 'HostSyncs']
 
 # %% ../nbs/06_reduce.ipynb #c1a9a4fa
 def _reduce_device(accelerator=None) -> torch.device:
@@ -30,11 +34,23 @@ def _all_reduce(flat: Tensor, op: str = "sum") -> Tensor:
     return flat
 
 # %% ../nbs/06_reduce.ipynb #3940ef77
-def reduce_values(values: Sequence, op: str = "sum", accelerator=None) -> list[float]:
-    "SUM or MIN of each of a few numbers or 0-dim tensors over all ranks: one collective, one copy to the host."
+def reduce_tensor(values: Sequence, op: str = "sum", accelerator=None) -> Tensor:
+    "SUM or MIN of each of a few numbers or 0-dim tensors over all ranks: one collective, the result left on the device."
     dev = _reduce_device(accelerator)
     flat = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(()) for v in values])
-    return _all_reduce(flat, op).tolist()
+    return _all_reduce(flat, op)
+
+def reduce_values(values: Sequence, op: str = "sum", accelerator=None) -> list[float]:
+    "SUM or MIN of each of a few numbers or 0-dim tensors over all ranks: one collective, one copy to the host."
+    return reduce_tensor(values, op, accelerator).tolist()
+
+def to_host(*tensors: Tensor) -> list[list[float]]:
+    """Several device tensors as lists of floats with ONE device-to-host copy (each copy waits for the GPU to catch up):
+    flattened, joined in float64, copied, split again."""
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors]).tolist()
+    sizes = [t.numel() for t in tensors]
+    return [flat[sum(sizes[:i]): sum(sizes[:i + 1])] for i in range(len(sizes))]
+
 
 # %% ../nbs/06_reduce.ipynb #0e4c1a01
 class MetricSums:
@@ -80,10 +96,62 @@ class MetricSums:
         self.reduced = True
         return self
 
-    def totals(self) -> dict:
-        "name -> (num, den) as floats: one copy to the host for all of them."
-        return {n: (float(num), float(den)) for n, (num, den) in zip(self.names, self.sums.cpu().tolist())}
+    def totals(self, host: Sequence[float] | None = None) -> dict:
+        """name -> (num, den) as floats: one copy to the host for all of them (none if `host`, the flattened `sums` already
+        copied with other figures by `to_host`)."""
+        flat = self.sums.reshape(-1).tolist() if host is None else list(host)
+        return {n: (float(flat[2 * i]), float(flat[2 * i + 1])) for i, n in enumerate(self.names)}
 
-    def result(self) -> dict:
+    def result(self, host: Sequence[float] | None = None) -> dict:
         "name -> num / den (0.0 where den == 0, i.e. nothing was counted), in the fixed order."
-        return {n: (num / den if den > 0 else 0.0) for n, (num, den) in self.totals().items()}
+        return {n: (num / den if den > 0 else 0.0) for n, (num, den) in self.totals(host).items()}
+
+# %% ../nbs/06_reduce.ipynb #b7339c53
+_SYNC_OPS = ("_local_scalar_dense", "nonzero", "masked_select", "unique_consecutive", "_unique2", "unique_dim", "equal",
+             "is_nonzero", "allclose")
+_HOST_COPIES = ("tolist", "numpy", "cpu")
+
+class HostSyncs:
+    """Context manager: `n` (and `where`: op @ file:line, the innermost frame of this package) of the host syncs in its
+    block. `ignore`: tensors whose scalar reads do not wait for a GPU (they live on the host)."""
+    def __init__(self, ignore=()):
+        self.where, self._free, self._paused = [], {t.data_ptr() for t in ignore}, False
+        outer = self
+        class _Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._schema.name.split("::")[-1]
+                if name in _SYNC_OPS and not (args and isinstance(args[0], Tensor) and args[0].data_ptr() in outer._free):
+                    outer._hit(name)
+                elif name in ("index", "index_put", "index_put_") and len(args) > 1 and any(
+                        isinstance(i, Tensor) and i.dtype == torch.bool for i in args[1]):
+                    outer._hit(f"{name} with a boolean mask")
+                return func(*args, **(kwargs or {}))
+        class _Function(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") in _HOST_COPIES: outer._hit(func.__name__)
+                return func(*args, **(kwargs or {}))
+        self._modes = (_Dispatch(), _Function())
+
+    def _hit(self, what: str):
+        if self._paused: return
+        frames = [f for f in traceback.extract_stack() if f.name not in ("_hit", "__torch_dispatch__", "__torch_function__")]
+        ours = ([f for f in frames if f"{os.sep}domino_research{os.sep}" in f.filename]
+                or [f for f in frames if "site-packages" not in f.filename] or frames)
+        self.where.append(f"{what} @ {Path(ours[-1].filename).name}:{ours[-1].lineno}")
+
+    @property
+    def n(self) -> int: return len(self.where)
+
+    @contextlib.contextmanager
+    def paused(self):
+        "Not counting inside: code that works on host tensors even in a GPU run (a batch before its copy to the device)."
+        self._paused = True
+        try: yield self
+        finally: self._paused = False
+
+    def __enter__(self):
+        for m in self._modes: m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self._modes): m.__exit__(*exc)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
+import pyarrow.compute as pc
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
@@ -24,7 +25,7 @@ from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
-from .reduce import MetricSums, reduce_values
+from .reduce import MetricSums, reduce_tensor, reduce_values, to_host
 from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
 from .embedded import resolve_data_path, resolve_target_path
 from .evaluation import _decode_eval, _print_summary, load_prompts
@@ -61,13 +62,15 @@ from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optim
                                    no_sync, shard_draft, shard_target)
 
 # %% auto #0
-__all__ = ['RECIPES', 'NonFiniteLossError', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'cli']
+__all__ = ['RECIPES', 'NonFiniteLossError', 'adamw_kernel', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'cli']
 
 # %% ../nbs/34_train.ipynb #fd1901b0
 class NonFiniteLossError(RuntimeError): pass
 
-# %% ../nbs/34_train.ipynb #ddd5da41
-def _scalar(x) -> float: return float(x.detach()) if torch.is_tensor(x) else float(x)
+# %% ../nbs/34_train.ipynb #6f23d658
+def adamw_kernel(device) -> dict:
+    "The AdamW keyword that picks its kernel on `device`: fused on CUDA, torch's default elsewhere."
+    return {"fused": True} if torch.device(device).type == "cuda" else {}
 
 # %% ../nbs/34_train.ipynb #1182dc09
 class TrainDFlashRecipe:
@@ -114,7 +117,7 @@ class TrainDFlashRecipe:
         self.trainer = self._build_trainer_module()
         if self._sharded_draft(): self._shard_draft()       # before the optimiser, which must hold the sharded parameters
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                           betas=(cfg.adam_beta1, cfg.adam_beta2))
+                                           betas=(cfg.adam_beta1, cfg.adam_beta2), **adamw_kernel(self.accelerator.device))
         self.total_steps = self._count_total_steps()
         if self.accelerator.is_main_process: print(format_memory(estimate_memory(self)), flush=True)
         # not accelerator.prepare'd: accelerate steps a prepared scheduler once per process, which would change the
@@ -306,7 +309,15 @@ def _collate(self: TrainDFlashRecipe, dataset, rows: list[int]) -> dict:
 # %% ../nbs/34_train.ipynb #b3675b6a
 @patch
 def _to_device(self: TrainDFlashRecipe, batch: dict) -> dict:
-    return {k: v.to(self.accelerator.device, non_blocking=True) for k, v in batch.items()}
+    "The batch on the accelerator; its targets (a tuple of tensors and a count) too. Copies never make the host wait."
+    dev = self.accelerator.device
+    def move(v):
+        if isinstance(v, tuple): return type(v)(*map(move, v))             # BlockTargets: tensors moved, the count kept
+        if not torch.is_tensor(v): return v
+        # a non_blocking copy from pageable host memory can wait for the GPU: pin it first (the loader pins its batches)
+        if dev.type == "cuda" and v.device.type == "cpu" and not v.is_pinned(): v = v.pin_memory()
+        return v.to(dev, non_blocking=True)
+    return {k: move(v) for k, v in batch.items()}
 
 # %% ../nbs/34_train.ipynb #be693fcb
 @patch
@@ -321,10 +332,38 @@ def _train_loader(self: TrainDFlashRecipe, batches: list[list[int]]) -> torch.ut
 def _features(self: TrainDFlashRecipe, batch) -> torch.Tensor:
     # the early stop raises inside a hook, which FSDP's own hooks do not expect: off for a sharded target.
     # Packed rows: no padding mask, so the target reads the documents off the restarting positions (notebook 15)
-    packed = "position_ids" in batch
-    return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids,
-                            None if packed else batch["attention_mask"], position_ids=batch.get("position_ids"),
+    mask, positions = self._target_mask(batch)
+    return capture_features(self.target, batch["input_ids"], self.dflash.target_layer_ids, mask, position_ids=positions,
                             stop_early=not self.cfg.shard_target)
+
+@patch
+def _target_mask(self: TrainDFlashRecipe, batch) -> tuple:
+    """The target's attention mask and positions. Given a 2-D padding mask or packed positions, transformers asks the
+    GPU whether it may drop the mask (two waits per forward); where the host already knows (`batch["layout"]`, set
+    before the copy) the SDPA target gets the 4-D mask transformers would build: none for full unpacked rows, causal and
+    not padding, or causal within one conversation."""
+    layout, packed = batch.get("layout"), "position_ids" in batch
+    if layout is None or self.target.config._attn_implementation != "sdpa":
+        return (None if packed else batch["attention_mask"]), batch.get("position_ids")
+    if layout == "full": return None, None                                        # positions 0..S-1: the default
+    S = batch["input_ids"].shape[1]
+    causal = torch.ones(S, S, dtype=torch.bool, device=batch["input_ids"].device).tril()      # [S, S]: key <= query
+    if layout == "padded": return causal & batch["attention_mask"].bool()[:, None, None, :], None   # [B, 1, S, S]
+    pos = batch["position_ids"]
+    doc = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)               # [B, S]: which conversation
+    return causal & (doc[:, None, :, None] == doc[:, None, None, :]), pos
+
+@patch
+def _prepare_on_host(self: TrainDFlashRecipe, batch: dict) -> Optional[torch.Tensor]:
+    """What a micro-batch needs besides the forward, made on the host batch before it goes to the device (reading it there
+    is free): its layout, anchors and targets. Returns its Σw, or None when it has no anchor."""
+    batch["layout"] = _layout(batch)
+    return self._add_targets(batch) if self._add_anchors(batch, self.generator) else None
+
+def _layout(batch: dict) -> str:
+    "On the host: `full` (unpacked rows without padding, or packed ones of one conversation each), `padded` or `packed`."
+    if "position_ids" in batch: return "packed" if bool((batch["position_ids"][:, 1:] == 0).any()) else "full"
+    return "padded" if bool((batch["attention_mask"] == 0).any()) else "full"
 
 # %% ../nbs/34_train.ipynb #b48b3d5f
 @patch
@@ -340,10 +379,10 @@ def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
 @patch
 def _add_targets(self: TrainDFlashRecipe, batch) -> torch.Tensor:
     """The trainer's labels, valid slots and loss weights of the micro-batch's blocks, into it (the forward uses them);
-    returns their Σw, known before the forward so the window can be normalised up front."""
+    returns their Σw, known before the forward so the window can be normalised up front. Called on the host batch."""
     batch["targets"] = self._bare_trainer().block_targets(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"],
                                                           batch["block_keep"], batch.get("position_ids"))
-    return batch["targets"][2].sum().double()   # 0-dim, on the device; float64 like the window scale
+    return batch["targets"].weights.sum().double()   # 0-dim, where the batch is; float64 like the window scale
 
 # %% ../nbs/34_train.ipynb #5346aaeb
 @patch
@@ -393,7 +432,9 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
 
     Each micro-batch's loss is a Σw-normalised mean, so we rescale it by Σw_i / Σw_window (Σw over all micro-batches
     and ranks, known before any forward because anchors are sampled first): the step then equals one big batch, a
-    trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`."""
+    trailing partial window has the same scale as a full one, and DDP's mean over ranks is undone by `× world`.
+    The host waits for the GPU twice per window, however long: for the window's Σw (`_window_batches`) and for the
+    finite check, the metrics and the gradient norm together (`_finish_window`)."""
     world, trainer = self.accelerator.num_processes, self._bare_trainer()
     batches, weights, total = self._window_batches(window)
     if not batches or total == 0: return None
@@ -402,21 +443,23 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
         out = self._micro_step(batch, w * world / total, sync=i == len(batches) - 1)
         finite.append(torch.isfinite(out["loss"].detach()))
         sums.add_all(out["metrics"])                   # stays on the device
-    if not self._all_finite(finite, step): return None
-    grad_norm = self._optimizer_step()
-    return {**trainer.window_metrics(sums.result()), "grad_norm": _scalar(grad_norm)}
+    return self._finish_window(finite, sums, step)
 
 # %% ../nbs/34_train.ipynb #5c0e7a11
 @patch
 def _window_batches(self: TrainDFlashRecipe, window: list[dict]) -> tuple[list[dict], list, float]:
-    "The window's micro-batches that hold a block on every rank, with their anchors and targets; their Σw, and the window's."
+    """The window's micro-batches that hold a block on every rank, with their anchors and targets; their Σw, and the
+    window's. Anchors and targets are made on the host, before the batches go to the device, so reading them is free;
+    one collective then tells every rank which micro-batches all ranks keep and the window's Σw: one wait for the GPU."""
     acc = self.accelerator
-    batches = [self._to_device(b) for b in window]
-    has = [self._add_anchors(b, self.generator) for b in batches]
-    keep = reduce_values([float(h) for h in has], "min", acc)   # skipped on every rank if any rank has no anchor
-    batches = [b for b, k in zip(batches, keep) if k]
-    weights = [self._add_targets(b) for b in batches]
-    return batches, weights, reduce_values([sum(weights)], "sum", acc)[0]
+    weights = [self._prepare_on_host(b) for b in window]
+    has, n = [w is not None for w in weights], len(window)
+    weights = [torch.zeros((), dtype=torch.float64) if w is None else w for w in weights]
+    # per micro-batch: the ranks without an anchor (skipped on every rank if any), and Σw over the ranks
+    flat = reduce_values([float(not h) for h in has] + weights, "sum", acc)
+    keep = [m == 0 for m in flat[:n]]
+    batches = [self._to_device(b) for b, k in zip(window, keep) if k]
+    return batches, [w for w, k in zip(weights, keep) if k], sum(t for t, k in zip(flat[n:], keep) if k)
 
 # %% ../nbs/34_train.ipynb #cee558f2
 @patch
@@ -429,27 +472,29 @@ def _micro_step(self: TrainDFlashRecipe, batch: dict, scale: torch.Tensor, sync:
 
 # %% ../nbs/34_train.ipynb #91be4655
 @patch
-def _all_finite(self: TrainDFlashRecipe, finite: list, step: int) -> bool:
-    "Whether every micro-batch's loss is finite on every rank: one check per window, before the update (else stop or skip)."
-    ok = reduce_values(finite, "min", self.accelerator)
-    if all(ok): return True
-    self.optimizer.zero_grad(set_to_none=True)
-    if self.cfg.on_nonfinite == "stop":
-        raise NonFiniteLossError(f"non-finite loss at optimiser step {step + 1}, micro-batch {ok.index(0.0) + 1} of its "
-                                 "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
-                                 "the data, or set on_nonfinite: skip.")
-    self.print(f"skipping optimiser step {step + 1}: non-finite loss")
-    return False
-
-# %% ../nbs/34_train.ipynb #3767cfec
-@patch
-def _optimizer_step(self: TrainDFlashRecipe) -> torch.Tensor:
-    "Clip, step, schedule; returns the gradient norm before clipping."
+def _finish_window(self: TrainDFlashRecipe, finite: list, sums: MetricSums, step: int) -> Optional[dict]:
+    """Clip; then, in one copy to the host, whether every micro-batch's loss was finite on every rank, the window's metric
+    sums and the gradient norm; then step (or stop, or skip: no update either way). Clipping first is harmless: a
+    non-finite window's gradients are dropped."""
     grad_norm = self._clip_grad_norm()
+    bad = reduce_tensor([~f for f in finite], "sum", self.accelerator)      # ranks with a non-finite loss, per micro-batch
+    bad, totals, (norm,) = to_host(bad, sums.sums, grad_norm)               # the window's second and last wait
+    if any(bad): return self._skip_nonfinite(bad, step)
     self.optimizer.step()
     self.scheduler.step()
     self.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return {**self._bare_trainer().window_metrics(sums.result(totals)), "grad_norm": norm}
+
+@patch
+def _skip_nonfinite(self: TrainDFlashRecipe, bad: list, step: int) -> None:
+    "A window with a non-finite loss on some rank: no update; stop (`on_nonfinite: stop`) or say it skips."
+    self.optimizer.zero_grad(set_to_none=True)
+    if self.cfg.on_nonfinite == "stop":
+        first = next(i for i, b in enumerate(bad) if b)
+        raise NonFiniteLossError(f"non-finite loss at optimiser step {step + 1}, micro-batch {first + 1} of its "
+                                 "window; stopped before the update, no checkpoint written. Lower learning_rate, check "
+                                 "the data, or set on_nonfinite: skip.")
+    self.print(f"skipping optimiser step {step + 1}: non-finite loss")
 
 # %% ../nbs/34_train.ipynb #1934c688
 @patch
@@ -519,12 +564,21 @@ def _progress_bar(self: TrainDFlashRecipe, step: int) -> tqdm:
 
 # %% ../nbs/34_train.ipynb #182bfaeb
 @patch
+def _row_lengths(self: TrainDFlashRecipe) -> list[int]:
+    "Tokens per training row (for `length_group_steps`), read once from the dataset's Arrow column."
+    if getattr(self, "_lengths", None) is None:
+        self._lengths = pc.list_value_length(self.train_set.with_format("arrow")["input_ids"]).to_pylist()
+    return self._lengths
+
+@patch
 def _epoch_windows(self: TrainDFlashRecipe, epoch: int, position: int):
     """The windows of up to `grad_accumulation_steps` collated micro-batches left in `epoch` from sample `position` on;
     each with the position after it (every rank took as many) and whether it ends the epoch."""
     cfg, acc = self.cfg, self.accelerator
-    batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes,
-                          cfg.micro_batch_size, pad=True, start=position)
+    step_rows = cfg.micro_batch_size * cfg.grad_accumulation_steps * acc.num_processes   # the same on a resume
+    batches = epoch_order(len(self.train_set), cfg.seed, epoch, acc.process_index, acc.num_processes, cfg.micro_batch_size,
+                          pad=True, start=position, lengths=self._row_lengths() if cfg.length_group_steps else None,
+                          group=step_rows * cfg.length_group_steps)
     loader, offset = iter(self._train_loader(batches)), 0          # offset: micro-batches of `batches` done
     while offset < len(batches):
         window = list(itertools.islice(loader, cfg.grad_accumulation_steps))

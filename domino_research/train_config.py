@@ -39,6 +39,7 @@ class DFlashTrainConfig:
     max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (None = all)
     max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows
     packing: bool = False                      # several conversations per row, kept apart (notebook 15)
+    length_group_steps: int = ranged(1, ">= 0", "0 = off")  # optimiser steps whose rows are sorted by length together (nb 11)
     data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
     data_num_proc: Optional[int] = ranged(None, ">= 1", "or null for min(8, CPU count)")  # processes tokenising a new cache
     dataloader_num_workers: int = ranged(0, ">= 0", "0 reads batches in the training process")  # DataLoader worker processes
