@@ -863,6 +863,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                         'domino_research.memory._storage_bytes': ( 'memory.html#_storage_bytes',
                                                                                    'domino_research/memory.py'),
                                         'domino_research.memory._tracker': ('memory.html#_tracker', 'domino_research/memory.py'),
+                                        'domino_research.memory.allowance': ('memory.html#allowance', 'domino_research/memory.py'),
                                         'domino_research.memory.estimate_memory': ( 'memory.html#estimate_memory',
                                                                                     'domino_research/memory.py'),
                                         'domino_research.memory.estimate_step_memory': ( 'memory.html#estimate_step_memory',

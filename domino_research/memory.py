@@ -25,9 +25,9 @@ from .embedded import embedded_target_path
 from .target import capture_features, freeze, target_embed, target_lm_head
 
 # %% auto #0
-__all__ = ['QWEN3_8B_CONFIG_DIR', 'CATEGORIES', 'CONFIG_DIR', 'memory_target_config', 'RealIntegers', 'measure_memory',
-           'memory_table', 'read_recipe_config', 'measure_config', 'estimate_step_memory', 'format_memory',
-           'estimate_memory']
+__all__ = ['QWEN3_8B_CONFIG_DIR', 'GiB', 'CUDA_CONTEXT_BYTES', 'NCCL_BYTES', 'FRAGMENTATION', 'CATEGORIES', 'CONFIG_DIR',
+           'memory_target_config', 'RealIntegers', 'allowance', 'measure_memory', 'memory_table', 'read_recipe_config',
+           'measure_config', 'estimate_step_memory', 'format_memory', 'estimate_memory']
 
 # %% ../nbs/16_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"
@@ -67,6 +67,18 @@ class RealIntegers(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default: return 0.0 if args[0].dtype.is_floating_point else 0
         return func(*args, **kwargs)
 
+# %% ../nbs/16_memory.ipynb #e5a1c002
+GiB = 2 ** 30
+CUDA_CONTEXT_BYTES = 1 * GiB       # the context and cuBLAS workspaces (the forum's "~700+MB", rounded up)
+NCCL_BYTES = 1 * GiB               # NCCL's buffers: 4 MiB per channel and peer (NCCL_BUFFSIZE), 7 peers on a node of 8
+FRAGMENTATION = 0.10               # the caching allocator's reserved-but-unusable share of the tensor peak: a margin
+
+def allowance(tensor_bytes: int, world_size: int) -> dict:
+    "What a GPU needs beyond the tensors (bytes): the CUDA context, NCCL (several processes) and fragmentation."
+    a = dict(cuda_context=CUDA_CONTEXT_BYTES, nccl=NCCL_BYTES if world_size > 1 else 0,
+             fragmentation=int(FRAGMENTATION * tensor_bytes))
+    return {**a, "total": sum(a.values()), "gpu_total": tensor_bytes + sum(a.values())}
+
 # %% ../nbs/16_memory.ipynb #mem00012
 class _NoHook:
     def remove(self): pass
@@ -89,6 +101,13 @@ def _tracker():
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
+
+        def phase_peak(self) -> dict:
+            "The peak since the last call, by category; the next phase's peak starts from what is live now."
+            peak = next(iter(self.get_tracker_snapshot("peak").values()))
+            self._peak_mem_snap = self.get_tracker_snapshot()
+            self._peak_mem = {dev: snap["Total"] for dev, snap in self._peak_mem_snap.items()}
+            return peak
     return FrozenAwareMemTracker()
 
 # %% ../nbs/16_memory.ipynb #04534f88
@@ -166,10 +185,12 @@ def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1
                    draft_intermediate_size: int | None = None, target_layer_ids: list[int] | None = None,
                    shift_label: bool = True, emb_dim: int = 256, gru_hidden_dim: int = 1024, pure_draft_prefix_len: int = 1,
                    loss_decay_gamma: float | None = 7.0, ce_chunk_size: int = 256, gradient_as_bucket_view: bool = True,
-                   lambda_base: float = 0.5) -> dict:
-    "Peak bytes per rank of one training step (forward, backward, clip, AdamW), by category, measured on fake tensors."
+                   lambda_base: float = 0.5, steps: int = 2) -> dict:
+    """Peak bytes per rank over `steps` training steps (forward + backward, then clip + AdamW, each a phase), by
+    category, measured on fake tensors; the largest phase peak is the run's (AdamW's moments exist from step 2 on)."""
     if recipe not in ("domino", "dflash"): raise ConfigError(f"recipe: must be 'domino' or 'dflash' (got {recipe!r})")
     if world_size < 1: raise ConfigError(f"num_processes: must be >= 1 (got {world_size})")
+    if steps < 1: raise ConfigError(f"steps: must be >= 1 (got {steps})")
     sharded = world_size > 1 and (shard_draft or shard_target)
     B, S, N, bs = micro_batch_size, seq_length, num_anchors, block_size
     if S < bs + 1: raise ConfigError(f"seq_length: must exceed block_size={bs} (got {S})")
@@ -177,6 +198,7 @@ def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1
     anchors = (torch.arange(N) * max((S - bs) // N, 1)).clamp(max=S - bs).expand(B, N).contiguous()
     keep, loss_mask = torch.ones(B, N, dtype=torch.bool), torch.ones(B, S, dtype=torch.long)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    ddp = world_size > 1 and not shard_draft                 # DDP replicates the draft: its buckets live all run long
     with _fake_process_group(world_size if sharded else 1) as mesh:
         with fake:
             target, draft, trainer, d = _build(target_config, recipe, draft_num_hidden_layers, draft_intermediate_size,
@@ -184,43 +206,62 @@ def measure_memory(target_config, *, recipe: str = "domino", world_size: int = 1
                                                pure_draft_prefix_len, gradient_checkpointing, mesh, shard_draft and sharded,
                                                shard_target and sharded, N, loss_decay_gamma, ce_chunk_size)
             opt = torch.optim.AdamW(trainer.parameters(), lr=1e-4, foreach=True)
+            trainable = [p for p in trainer.parameters() if p.requires_grad]
+            # with gradient_as_bucket_view the gradients are views of DDP's buckets, allocated when DDP wraps the model
+            # and never freed (zero_grad(set_to_none) drops the view, not the bucket): resident from before step 1
+            bucket_grads = ddp and gradient_as_bucket_view
+            if bucket_grads:
+                for p in trainable: p.grad = torch.zeros_like(p)
         mt = _tracker()
         mt.track_external(target, trainer, opt, ids, anchors, keep, loss_mask)
         kw = dict(lambda_base=lambda_base) if recipe == "domino" else {}
+        phases = []
         with RealIntegers(fake), mt:
-            feats = capture_features(target, ids, d.target_layer_ids, loss_mask.new_ones(B, S), stop_early=not shard_target)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = trainer(ids, loss_mask, feats, anchor_positions=anchors, block_keep=keep, **kw)
-            out["loss"].backward()
-            del out, feats
-            peak_fw_bw = next(iter(mt.get_tracker_snapshot("peak").values()))
-            torch.nn.utils.clip_grad_norm_(trainer.parameters(), 1.0, foreach=True)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        peak = next(iter(mt.get_tracker_snapshot("peak").values()))
+            for step in range(1, steps + 1):
+                mt.reset_mod_stats()                             # per-module stats are per iteration; the peaks are ours
+                mt.phase_peak()
+                feats = capture_features(target, ids, d.target_layer_ids, loss_mask.new_ones(B, S), stop_early=not shard_target)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = trainer(ids, loss_mask, feats, anchor_positions=anchors, block_keep=keep, **kw)
+                out["loss"].backward()
+                del out, feats
+                phases.append((f"step {step} forward+backward", mt.phase_peak()))
+                torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+                opt.step()
+                opt.zero_grad(set_to_none=not bucket_grads)      # bucket views: accumulated into in place next step
+                phases.append((f"step {step} optimizer", mt.phase_peak()))
         target_bytes = _storage_bytes(target.parameters())
-        grad_bytes = _storage_bytes(p for p in trainer.parameters() if p.requires_grad)   # one copy, as DDP's buckets
+        grad_bytes = _storage_bytes(trainable)                   # one fp32 copy of the trainable weights
         opt_state_bytes = _storage_bytes(t for st in opt.state.values() for t in st.values() if torch.is_tensor(t))
-    ddp = 0 if (world_size == 1 or shard_draft or gradient_as_bucket_view) else grad_bytes
-    cats, fw_bw = _categories(peak, target_bytes, ddp), _categories(peak_fw_bw, target_bytes, ddp)
+    buckets = grad_bytes if ddp and not gradient_as_bucket_view else 0     # a separate copy, resident all run long
+    phases = [dict(phase=name, bytes=(c := _categories(snap, target_bytes, buckets)), total=sum(c.values()))
+              for name, snap in phases]
+    peak = max(phases, key=lambda ph: ph["total"])
+    fw_bw = max((ph for ph in phases if ph["phase"].endswith("forward+backward")), key=lambda ph: ph["total"])
     q = N * bs
-    return dict(bytes=cats, total=sum(cats.values()), forward_backward=fw_bw, total_forward_backward=sum(fw_bw.values()),
-                sdpa_mask_bytes=B * q * (S + q) * 4,
+    return dict(bytes=peak["bytes"], total=peak["total"], phase=peak["phase"], phases=phases,
+                forward_backward=fw_bw["bytes"], total_forward_backward=fw_bw["total"],
+                allowance=allowance(peak["total"], world_size), sdpa_mask_bytes=B * q * (S + q) * 4,
                 optimizer_states=opt_state_bytes, measured=[k for k in CATEGORIES if k != "ddp_buckets"],
-                computed=["ddp_buckets"], trainable_params=sum(p.numel() for p in trainer.parameters() if p.requires_grad),
-                trainable_tensors=sum(1 for p in trainer.parameters() if p.requires_grad),
+                computed=["ddp_buckets"], trainable_params=sum(p.numel() for p in trainable),
+                trainable_tensors=len(trainable),
                 config=dict(recipe=recipe, world_size=world_size, shard_draft=shard_draft, shard_target=shard_target,
                             gradient_checkpointing=gradient_checkpointing, micro_batch_size=B, seq_length=S, num_anchors=N,
                             block_size=bs, draft_num_hidden_layers=draft_num_hidden_layers,
-                            gradient_as_bucket_view=gradient_as_bucket_view))
+                            gradient_as_bucket_view=gradient_as_bucket_view, steps=steps))
 
 # %% ../nbs/16_memory.ipynb #mem00015
 def memory_table(r: dict) -> str:
-    "The measurement as a table of GiB per rank: the step's peak and the forward + backward peak, by category."
-    GiB = 2 ** 30
-    rows = [f"{'category':<16}{'step peak':>12}{'fw+bw peak':>12}"]
+    "GiB per rank: the largest peak and forward + backward peak by category, each phase's peak, and the allowance."
+    rows = [f"{'category':<16}{'peak':>12}{'fw+bw peak':>12}"]
     rows += [f"{k:<16}{r['bytes'][k] / GiB:>12.2f}{r['forward_backward'][k] / GiB:>12.2f}" for k in CATEGORIES]
     rows.append(f"{'total':<16}{r['total'] / GiB:>12.2f}{r['total_forward_backward'] / GiB:>12.2f}")
+    by_phase = ", ".join(f"{ph['phase']} {ph['total'] / GiB:.2f}" for ph in r["phases"])
+    rows.append(f"largest peak: {r['phase']}; by phase: {by_phase}")
+    a = r["allowance"]
+    rows.append(f"+ CUDA context {a['cuda_context'] / GiB:.2f} + NCCL {a['nccl'] / GiB:.2f} + fragmentation "
+                f"{a['fragmentation'] / GiB:.2f} (allowances, not measured) = {a['gpu_total'] / GiB:.2f} GiB "
+                "to compare with the GPU's memory")
     rows.append(f"(GiB per rank; ddp_buckets computed, the rest measured; the SDPA dense mask, {r['sdpa_mask_bytes'] / GiB:.2f} "
                 "GiB, is in activations where live: flex_attention would not allocate it)")
     return "\n".join(rows)
@@ -262,7 +303,7 @@ def estimate_step_memory(target_bytes: int, draft_params: int, draft_layer_param
                          shard_draft: bool = False, gradient_checkpointing: bool = False, micro_batch_size: int = 1,
                          seq_length: int = 3072, num_anchors: int = 256, block_size: int = 16,
                          gradient_as_bucket_view: bool = True) -> dict:
-    "Bytes per rank of one training step from the sizes alone (the formula above): the categories and `total`."
+    "Bytes per rank at steady state (step 2 on) from the sizes alone (the formula above): the categories, `total`, the allowance."
     H, I, G, L = hidden, intermediate, gru_hidden, num_draft_layers
     W = world_size if shard_draft else 1
     d, r = 4 * draft_params / W, (2 if shard_draft and world_size > 1 else 4)
@@ -273,11 +314,16 @@ def estimate_step_memory(target_bytes: int, draft_params: int, draft_layer_param
     if gradient_checkpointing: acts = L * t * r * H + per_layer + copies + outside
     else: acts = L * (per_layer + copies) + outside
     weights = d + (4 * draft_layer_params if shard_draft and world_size > 1 else 0)   # + two layers gathered in bf16
-    ddp = 0 if (world_size == 1 or shard_draft or gradient_as_bucket_view) else d
-    step = target_bytes + 5 * d + ddp
-    fw_bw = target_bytes + weights + acts + ddp + (d if gradient_checkpointing else 0)
-    return dict(target=target_bytes, draft=5 * d, activations=acts, ddp_buckets=ddp, step_peak=step,
-                forward_backward_peak=fw_bw, total=max(step, fw_bw))
+    ddp = world_size > 1 and not shard_draft                  # DDP: its buckets are resident from the first step on
+    resident_grads = d if ddp and gradient_as_bucket_view else 0         # the gradients are the buckets
+    buckets = d if ddp and not gradient_as_bucket_view else 0            # a separate copy beside the gradients
+    moments = 2 * d                                           # AdamW's, from step 2 on
+    step = target_bytes + 5 * d + buckets                     # weights, gradients, moments, foreach temporaries
+    late_grads = d if gradient_checkpointing and not resident_grads else 0   # checkpointing: gradients reach the peak
+    fw_bw = target_bytes + weights + moments + resident_grads + buckets + acts + late_grads
+    total = max(step, fw_bw)
+    return dict(target=target_bytes, draft=5 * d, activations=acts, ddp_buckets=buckets, step_peak=step,
+                forward_backward_peak=fw_bw, total=total, allowance=allowance(int(total), world_size))
 
 # %% ../nbs/16_memory.ipynb #3b0b6918
 def _local_bytes(params) -> int:
@@ -286,13 +332,14 @@ def _local_bytes(params) -> int:
 
 # %% ../nbs/16_memory.ipynb #5387ea8e
 def format_memory(m: dict) -> str:
-    return ("memory per rank (estimate; `bench memory` measures it): "
-            + ", ".join(f"{k} {v:.2f} GiB" for k, v in m.items() if k != "total") + f"; peak ≈ {m['total']:.2f} GiB")
+    parts = ", ".join(f"{k} {m[k]:.2f} GiB" for k in ("target", "draft", "activations", "ddp_buckets"))
+    return (f"memory per rank (estimate at steady state; `bench memory` measures it): {parts}; tensors ≈ {m['total']:.2f} GiB"
+            f" + {m['allowance']:.2f} GiB for the CUDA context, NCCL and fragmentation ≈ {m['gpu_total']:.2f} GiB of GPU memory")
 
 # %% ../nbs/16_memory.ipynb #a5b9043e
 def estimate_memory(recipe) -> dict:
-    """GiB per rank of one training step of a CUDA bf16 run, from the sizes of a set-up recipe (its target, draft and
-    config): the formula above, which a test holds within 15 % of the step measured on fake tensors."""
+    """GiB per rank at steady state of a CUDA bf16 run, from the sizes of a set-up recipe (its target, draft and config):
+    the formula above, which a test holds within 10 % of the steps measured on fake tensors, and the allowance."""
     cfg, acc, draft, dfl = recipe.cfg, recipe.accelerator, recipe.draft, recipe.dflash
     ddp = getattr(acc, "ddp_handler", None)              # DDP's buckets are the gradients themselves with this flag
     e = estimate_step_memory(
@@ -304,5 +351,6 @@ def estimate_memory(recipe) -> dict:
         gradient_checkpointing=cfg.gradient_checkpointing, micro_batch_size=cfg.micro_batch_size,
         seq_length=cfg.seq_length, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
         gradient_as_bucket_view=bool(getattr(ddp, "gradient_as_bucket_view", False)))
-    GiB = 2 ** 30
-    return {k: e[k] / GiB for k in ("target", "draft", "activations", "ddp_buckets", "total")}
+    a = e["allowance"]
+    return {**{k: e[k] / GiB for k in ("target", "draft", "activations", "ddp_buckets", "total")},
+            "allowance": a["total"] / GiB, "gpu_total": a["gpu_total"] / GiB}
