@@ -430,7 +430,7 @@ def _cmd_data(a):
 
 # %% ../nbs/33_bench.ipynb #a1e0c0d2
 def _add_memory_parser(sub):
-    p = sub.add_parser("memory", help="peak GPU memory per rank of one training step, measured on fake tensors")
+    p = sub.add_parser("memory", help="peak GPU memory per rank at steady state (two training steps), measured on fake tensors")
     p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
     p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
     p.add_flag("shard_draft", None, help="FSDP2-shard the draft (None: the config's)")
@@ -438,6 +438,7 @@ def _add_memory_parser(sub):
     p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
     p.add_flag("gradient_checkpointing", None, help="None: the config's")
     p.add_flag("gradient_as_bucket_view", True, help="DDP's buckets are the gradients (0 extra bytes)")
+    p.add_argument("--steps", type=_pos, default=2, help="training steps measured (2: the steady state; 1 misses it)")
     p.add_flag("json", False, help="print the JSON line only")
     p.set_defaults(func=_cmd_memory)
 
@@ -445,7 +446,7 @@ def _add_memory_parser(sub):
 def _cmd_memory(a):
     try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
                             shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
-                            gradient_checkpointing=a.gradient_checkpointing)
+                            gradient_checkpointing=a.gradient_checkpointing, steps=a.steps)
     except (ValueError, OSError) as e:
         print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

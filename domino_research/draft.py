@@ -102,10 +102,12 @@ def _rope(x, cos, sin):
 # %% ../nbs/03_draft.ipynb #094eab79
 _compiled_flex = None
 def _flex(q, k, v, block_mask, scale):
-    "FlexAttention: compiled on CUDA (its fast path), eager elsewhere (CPU tests; compiled CPU flex is unreliable)."
+    """FlexAttention: compiled on CUDA (its fast path), eager elsewhere (CPU tests; compiled CPU flex is unreliable).
+    Compiled with dynamic shapes from the first call: one graph per grad mode (training, validation) whatever the key and
+    query lengths, instead of a static graph and then a recompile at the first new length."""
     global _compiled_flex
     if q.is_cuda:
-        if _compiled_flex is None: _compiled_flex = torch.compile(flex_attention)
+        if _compiled_flex is None: _compiled_flex = torch.compile(flex_attention, dynamic=True)
         return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
     with warnings.catch_warnings():  # torch warns that eager flex is slow; here it is the point (tests, CPU)
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")

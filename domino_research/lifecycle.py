@@ -162,15 +162,21 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
 
 # %% ../nbs/17_lifecycle.ipynb #7a1c84d3
 def _rng_state(generator: torch.Generator) -> dict:
+    "This rank's streams; of CUDA's, its own device's only (a rank draws from no other)."
     return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
-            "python": random.getstate(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            "python": random.getstate(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 # %% ../nbs/17_lifecycle.ipynb #98382cb3
 def _set_rng_state(s: dict, generator: torch.Generator):
     generator.set_state(s["anchor_generator"])
     torch.set_rng_state(s["torch"])
     random.setstate(s["python"])
-    if s.get("cuda") is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
+    cuda = s.get("cuda")
+    if cuda is None or not torch.cuda.is_available(): return
+    if isinstance(cuda, (list, tuple)):                      # an older checkpoint: every device's state, by index
+        i = torch.cuda.current_device()
+        cuda = cuda[i] if i < len(cuda) else None
+    if cuda is not None: torch.cuda.set_rng_state(cuda)      # the current device's, whatever the machine sees
 
 # %% ../nbs/17_lifecycle.ipynb #fecfc6fe
 def restore_rng(saved: list[dict], rank: int, generator: torch.Generator):

@@ -1,12 +1,19 @@
 """Run by tests/test_shard.py under `torchrun` (2 ranks): several short trainings in one launch, with the target sharded
 (`shard_target`), each with the draft replicated (DDP) or sharded (`shard_draft`), some resumed from another's checkpoint.
 Each rank writes, per run, its result and the bytes it holds: the target's parameters after its first forward and after
-the first optimiser step, and the draft's parameters, gradients and AdamW state at that step."""
+the first optimiser step, and the draft's parameters, gradients and AdamW state at that step.
+
+A run with `"force_bf16": true` shards the draft with the CUDA recipe's bf16 `MixedPrecisionPolicy` (bf16 compute
+parameters, fp32 gradient reduction, the forward under autocast) although the CPU accelerator's mixed precision is
+"no": the same `shard_draft` code, handed an accelerator that says bf16 and autocasts on the CPU. It records the dtype
+a draft layer's weights have during its forward."""
 import json, sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from domino_research.shard import shard_draft
 from domino_research.train import TrainDominoRecipe, load_train_config
 
 
@@ -36,6 +43,15 @@ def resident(module) -> int:
 
 
 class Measured(TrainDominoRecipe):
+    force_bf16 = False
+
+    def _shard_draft(self):
+        if not self.force_bf16: return super()._shard_draft()
+        bf16 = SimpleNamespace(mixed_precision="bf16", autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        shard_draft(self.trainer, self.draft.layers, bf16)
+        def record(mlp, args): self.bytes.setdefault("compute_dtype", str(mlp.down_proj.weight.dtype))   # returns None
+        self.draft.layers[0].mlp.register_forward_pre_hook(record)
+
     def _features(self, batch):
         feats = super()._features(batch)
         self.bytes.setdefault("target_after_forward", resident(self.target))
@@ -59,8 +75,9 @@ config, out_dir = sys.argv[1], Path(sys.argv[2])
 runs = json.loads(sys.argv[3])          # [[run_name, {overrides}], ...], in order
 results, recipe = {}, None
 for name, overrides in runs:
+    force_bf16 = overrides.pop("force_bf16", False)
     recipe = Measured(load_train_config(config, run_name=name, **overrides))
-    recipe.bytes = {}
+    recipe.bytes, recipe.force_bf16 = {}, force_bf16
     recipe.setup()
     result = recipe.run()
     results[name] = {"result": result, "bytes": recipe.bytes, "world": recipe.accelerator.num_processes}
