@@ -83,9 +83,8 @@ def _load(path: Path):
         raise FileNotFoundError(f"{path}/config.json does not exist: no embedded target there; "
                                 "build it with `python -m domino_research.embedded_build --out DIR`")
     import torch  # here, not at the top: importing this module stays light
-    from transformers import AutoTokenizer
-    from domino_research.target import load_target
-    return load_target(path, dtype=torch.float32, device="cpu"), AutoTokenizer.from_pretrained(path)
+    from domino_research.target import load_target, load_tokenizer
+    return load_target(path, dtype=torch.float32, device="cpu"), load_tokenizer(path)
 
 # %% ../nbs/13_embedded.ipynb #82583389
 def embedded_target_path(root: Path = EMBEDDED_DIR) -> Path:
@@ -109,8 +108,8 @@ def embedded_dataset_path(split: str, root: Path = EMBEDDED_DIR) -> Path:
 # %% ../nbs/13_embedded.ipynb #c3f91cfe
 def embedded_mask_token_id(root: Path = EMBEDDED_DIR) -> int:
     "The id of the reserved `<|mask|>` token (the draft's noise token) in the embedded tokenizer."
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(embedded_target_path(root)).convert_tokens_to_ids(MASK)
+    from domino_research.target import load_tokenizer
+    return load_tokenizer(embedded_target_path(root)).convert_tokens_to_ids(MASK)
 
 # %% ../nbs/13_embedded.ipynb #e000000b
 def main(argv=None):

@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
+from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
 from .train_config import CommandLine, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
+from .target import load_tokenizer
 from .embedded import (
     EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path, load_embedded_target, write_manifest)
 
@@ -403,7 +404,7 @@ def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation,
 
 # %% ../nbs/14_embedded_build.ipynb #74e8f158
 def _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_seconds=None):
-    tok = AutoTokenizer.from_pretrained(Path(out_dir) / TARGET_DIR)
+    tok = load_tokenizer(Path(out_dir) / TARGET_DIR)
     train = fit_rows(tok, read_jsonl(corpus_path(out_dir, "train")), seq_length)
     val = fit_rows(tok, read_jsonl(corpus_path(out_dir, "validation")), seq_length)
     torch.manual_seed(seed)

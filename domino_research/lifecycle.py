@@ -226,7 +226,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
 RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc",
                   "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "n_eval_prompts", "decode_eval_prompts",
-                  "decode_max_new_tokens", "decode_prompts", "shard_target",
+                  "decode_max_new_tokens", "decode_prompts", "shard_target", "trust_remote_code",
                   "shard_draft")   # sharding: how, not what, is trained
 
 def _saved_settings(saved_file: Path, cfg) -> tuple[dict, dict]:
