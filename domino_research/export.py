@@ -397,9 +397,11 @@ _ENGINE_DFLASH_KEYS = ("block_size", "target_layer_ids", "mask_token_id", "num_t
 SERVING_ENGINES = ("sglang", "vllm")
 
 def serving_problems(draft_dir, engine: str) -> list[str]:
-    "What `engine` (sglang / vllm, per the table above) would miss, refuse or decode differently in a draft folder; [] if none."
+    """What `engine` (sglang / vllm, per the table above) would miss, refuse or decode differently in a draft folder (or
+    the draft of a run or checkpoint folder, found as `bench decode` finds it); [] if none."""
     if engine not in SERVING_ENGINES: raise ValueError(f"engine {engine!r}: choose one of {SERVING_ENGINES}")
     p = Path(draft_dir)
+    if not (p / "config.json").is_file(): p = find_draft_dir(p)
     cfg = read_draft_config(p)
     d = {**cfg["dflash_config"], "num_target_layers": cfg.get("num_target_layers")}
     out = [f"config.json has no `{k}`" for k in _ENGINE_CONFIG_KEYS if cfg.get(k) is None]
