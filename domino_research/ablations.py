@@ -15,7 +15,6 @@ from typing import Callable, Optional, Union
 import numpy as np
 import yaml
 import torch
-from transformers import AutoConfig, AutoTokenizer
 
 from .config import ConfigError, dumps_strict, write_atomic
 from .progress import format_seconds
@@ -24,7 +23,7 @@ from .embedded import sha256_file
 from .evaluation import evaluate_draft
 from .plots import log_scale, log_ticks, moving_average
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
-from .target import load_target
+from .target import load_target, load_target_config, load_tokenizer
 from .lifecycle import list_checkpoints
 from .train import (
     RECIPES, DFlashTrainConfig, load_train_config, main)
@@ -60,7 +59,7 @@ def _small_head(cfg, load) -> dict:
 def draft_parameters(cfg: DFlashTrainConfig) -> int:
     "Trainable parameters of the draft that `cfg` trains (built on the meta device: no memory, no time)."
     recipe = RECIPES[cfg.recipe](cfg)
-    recipe.target_config = AutoConfig.from_pretrained(resolve_target_path(cfg.target))
+    recipe.target_config = load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code)
     with torch.device("meta"):
         draft = DFlashDraftModel(draft_qwen3_config(recipe.target_config, recipe._build_dflash_config(),
                                                     cfg.draft_num_hidden_layers, cfg.draft_intermediate_size))
@@ -71,7 +70,7 @@ def _matched_to_domino(cfg, load) -> dict:
     """Domino's label convention, and each draft layer's MLP widened so the draft has as many parameters as the Domino
     draft (backbone + head): the same depth and captured layers, only wider."""
     shifted, domino = dataclasses.replace(cfg, shift_label=True), load("embedded_domino")
-    tc = AutoConfig.from_pretrained(resolve_target_path(cfg.target))
+    tc = load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code)
     per_width = 3 * tc.hidden_size * cfg.draft_num_hidden_layers          # gate, up and down projections per unit of width
     extra = draft_parameters(domino) - draft_parameters(shifted)
     return {
@@ -96,7 +95,7 @@ def _depth_matched(layers: int) -> Callable:
     parameter count: capacity matched by depth (which also changes the captured target layers), not by width alone."""
     def overrides(cfg, load) -> dict:
         deeper = dataclasses.replace(cfg, shift_label=True, draft_num_hidden_layers=layers, draft_intermediate_size=1)
-        per_width = 3 * AutoConfig.from_pretrained(resolve_target_path(cfg.target)).hidden_size * layers
+        per_width = 3 * load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code).hidden_size * layers
         width = 1 + round((draft_parameters(load("embedded_domino")) - draft_parameters(deeper)) / per_width)
         return {"shift_label": True, "draft_num_hidden_layers": layers, "draft_intermediate_size": max(1, width)}
     return overrides
@@ -705,7 +704,7 @@ class _Targets:
     def __init__(self): self.cache = {}
     def __call__(self, path: str):
         if path not in self.cache:
-            self.cache[path] = (load_target(path), AutoTokenizer.from_pretrained(path))
+            self.cache[path] = (load_target(path), load_tokenizer(path))
         return self.cache[path]
 
 # %% ../nbs/40_ablations.ipynb #d49ca28b

@@ -280,10 +280,10 @@ def write_synthetic_chats(path, n: int, seed: int = 0) -> Path:
 # %% ../nbs/33_bench.ipynb #bb5c51f5
 def data_step(mode: str, data: str, tokenizer: str, cache_dir: str, seq_length: int, num_proc: int) -> dict:
     "One launch's data work, measured in this process: `cached` (build the cache or map it) or `legacy` (the in-memory path)."
-    from transformers import AutoTokenizer
     from domino_research.data import build_chat_dataset, cached_chat_dataset, load_chat_rows
+    from domino_research.target import load_tokenizer   # never runs a folder's code (notebook 10)
     t0, c0 = time.perf_counter(), _cpu_s()
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok = load_tokenizer(tokenizer)
     if mode == "cached":
         ds, stats = cached_chat_dataset(data, tok, seq_length, cache_dir, num_proc=num_proc, verbose=False)
         import pyarrow.compute as pc
@@ -516,6 +516,7 @@ def _add_decode_parser(sub):
                    help="a prompt + max_new_tokens longer than the target's max_position_embeddings: refuse (naming it) "
                    "or truncate (keep its last tokens; counted in the result)")
     p.add_argument("--threads", type=_pos, default=d["threads"], help="torch CPU threads (None: torch's)")
+    p.add_flag("trust_remote_code", False, help="run the Python the target folder ships (auto_map): only code you have read")
     p.add_flag("per_prompt", False, help="include the per-prompt rows")
     p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_decode)
@@ -541,7 +542,7 @@ def _cmd_decode(a):
                       candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
                       prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
                       temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts,
-                      drafter=a.drafter, **lookup)
+                      drafter=a.drafter, trust_remote_code=a.trust_remote_code, **lookup)
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

@@ -614,6 +614,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seq_length", type=int, required=True, help="the run's seq_length")
     b.add_argument("--cache_dir", required=True, help="the run's data_cache_dir (default there: <output_dir>/.data_cache)")
     b.add_flag("enable_thinking", False, help="the run's enable_thinking")
+    b.add_flag("trust_remote_code", False, help="run the Python the tokenizer folder ships (auto_map): only code you have read")
     b.add_argument("--max_samples", type=int, default=None, help="the run's max_train_samples / max_eval_samples")
     b.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenising processes")
     return p
@@ -626,11 +627,11 @@ def main(argv=None):
     a = p.parse_args(argv)
     for k in ("seq_length", "num_proc", "max_samples"):
         if getattr(a, k) is not None and getattr(a, k) < 1: p.error(f"argument --{k}: must be >= 1, got {getattr(a, k)}")
-    from transformers import AutoTokenizer
+    from domino_research.target import load_tokenizer    # a missing folder named; a folder's code never run
     # one line each (a damaged cache), no source excerpt
     warnings.formatwarning = lambda message, *a, **k: f"warning: {message}\n"
     try:
-        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+        tok = load_tokenizer(a.tokenizer, a.trust_remote_code)
         cached_chat_dataset(a.data, tok, a.seq_length, a.cache_dir, a.enable_thinking, a.max_samples, a.num_proc)
     except (ValueError, OSError) as e:      # ChatDataError is a ValueError; a missing file or tokenizer folder an OSError
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import domino_research
+from .config import ConfigError
 from .train_config import CommandLine
 
 # %% auto #0
 __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MANIFEST_NAME', 'QUALITY_NAME', 'MASK',
            'corpus_path', 'dataset_path', 'sha256_file', 'write_manifest', 'verify_manifest', 'embedded_target_path',
-           'load_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id', 'main', 'resolve_target_path',
-           'resolve_data_path']
+           'load_embedded_target', 'check_embedded_target', 'embedded_dataset_path', 'embedded_mask_token_id', 'main',
+           'resolve_target_path', 'resolve_data_path']
 
 # %% ../nbs/13_embedded.ipynb #be671ba7
 SPLITS = ("train", "validation", "test")
@@ -58,14 +59,16 @@ def write_manifest(out_dir: Path) -> dict:
     return man
 
 # %% ../nbs/13_embedded.ipynb #b6b51cf2
-def verify_manifest(out_dir: Path = EMBEDDED_DIR) -> dict:
-    "Check every file listed in `MANIFEST.json` exists with the recorded size and sha256; raise naming the first bad file."
+def verify_manifest(out_dir: Path = EMBEDDED_DIR, under: str | None = None) -> dict:
+    """Check every file listed in `MANIFEST.json` (only those in the sub-folder `under`, if given) exists with the recorded
+    size and sha256; raise naming the first bad file."""
     out_dir = Path(out_dir)
     mpath = out_dir / MANIFEST_NAME
     if not mpath.exists():
         raise FileNotFoundError(f"{mpath} is missing: rebuild with `python -m domino_research.embedded_build --out {out_dir}`")
     man = json.loads(mpath.read_text())
     for rel, meta in man["files"].items():
+        if under is not None and not rel.startswith(f"{under}/"): continue
         p = out_dir / rel
         if not p.exists():
             raise FileNotFoundError(f"{p} is listed in {mpath} but missing (a partial checkout?)")
@@ -83,9 +86,8 @@ def _load(path: Path):
         raise FileNotFoundError(f"{path}/config.json does not exist: no embedded target there; "
                                 "build it with `python -m domino_research.embedded_build --out DIR`")
     import torch  # here, not at the top: importing this module stays light
-    from transformers import AutoTokenizer
-    from domino_research.target import load_target
-    return load_target(path, dtype=torch.float32, device="cpu"), AutoTokenizer.from_pretrained(path)
+    from domino_research.target import load_target, load_tokenizer
+    return load_target(path, dtype=torch.float32, device="cpu"), load_tokenizer(path)
 
 # %% ../nbs/13_embedded.ipynb #82583389
 def embedded_target_path(root: Path = EMBEDDED_DIR) -> Path:
@@ -93,9 +95,23 @@ def embedded_target_path(root: Path = EMBEDDED_DIR) -> Path:
     return Path(root) / TARGET_DIR
 
 # %% ../nbs/13_embedded.ipynb #d708755a
-def load_embedded_target(root: Path = EMBEDDED_DIR):
-    "`(model, tokenizer)`: the embedded Qwen3 target (fp32 on the CPU, frozen) and its chat tokenizer."
-    return _load(embedded_target_path(root))
+def load_embedded_target(root: Path = EMBEDDED_DIR, verify: bool = True):
+    """`(model, tokenizer)`: the embedded Qwen3 target (fp32 on the CPU, frozen) and its chat tokenizer; `verify`: its files
+    checked against the build's manifest first (`check_embedded_target`, below)."""
+    return _load(check_embedded_target(root) if verify else embedded_target_path(root))
+
+# %% ../nbs/13_embedded.ipynb #34da67db
+def check_embedded_target(root: Path = EMBEDDED_DIR) -> Path:
+    "The target folder of the build `root`, its files checked against the build's manifest; a changed target: one line."
+    root = Path(root)
+    if not (root / MANIFEST_NAME).is_file() and root.resolve() != EMBEDDED_DIR.resolve():
+        return embedded_target_path(root)                # a build in progress: nothing to check against yet
+    try: verify_manifest(root, under=TARGET_DIR)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"embedded target: {' '.join(str(e).split())} (the target was changed or rebuilt since its manifest "
+                          "was written; restore the shipped one with `git checkout -- domino_research/assets/embedded`, or "
+                          "finish the build with --stages manifest)") from None
+    return embedded_target_path(root)
 
 # %% ../nbs/13_embedded.ipynb #51334c0f
 def embedded_dataset_path(split: str, root: Path = EMBEDDED_DIR) -> Path:
@@ -109,8 +125,8 @@ def embedded_dataset_path(split: str, root: Path = EMBEDDED_DIR) -> Path:
 # %% ../nbs/13_embedded.ipynb #c3f91cfe
 def embedded_mask_token_id(root: Path = EMBEDDED_DIR) -> int:
     "The id of the reserved `<|mask|>` token (the draft's noise token) in the embedded tokenizer."
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(embedded_target_path(root)).convert_tokens_to_ids(MASK)
+    from domino_research.target import load_tokenizer
+    return load_tokenizer(embedded_target_path(root)).convert_tokens_to_ids(MASK)
 
 # %% ../nbs/13_embedded.ipynb #e000000b
 def main(argv=None):
@@ -141,9 +157,9 @@ if __name__ == "__main__":
 from typing import Optional
 
 def resolve_target_path(target: str) -> str:
-    "`embedded` -> the shipped target's folder; anything else unchanged."
+    "`embedded` -> the shipped target's folder, checked against its manifest; anything else unchanged."
     if target == "embedded":
-        return str(embedded_target_path())
+        return str(check_embedded_target())
     return target
 
 # %% ../nbs/13_embedded.ipynb #446b1beb

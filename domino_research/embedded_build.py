@@ -20,15 +20,17 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import (AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
+from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
 from .train_config import CommandLine, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
+from .target import load_tokenizer
 from .embedded import (
     EMBEDDED_DIR, MASK, QUALITY_NAME, SPLITS, TARGET_DIR, corpus_path, dataset_path, load_embedded_target, write_manifest)
+from .embedded import MANIFEST_NAME
 
 # %% auto #0
 __all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
@@ -403,7 +405,7 @@ def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation,
 
 # %% ../nbs/14_embedded_build.ipynb #74e8f158
 def _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_seconds=None):
-    tok = AutoTokenizer.from_pretrained(Path(out_dir) / TARGET_DIR)
+    tok = load_tokenizer(Path(out_dir) / TARGET_DIR)
     train = fit_rows(tok, read_jsonl(corpus_path(out_dir, "train")), seq_length)
     val = fit_rows(tok, read_jsonl(corpus_path(out_dir, "validation")), seq_length)
     torch.manual_seed(seed)
@@ -434,7 +436,7 @@ def _stage_tokenizer(out_dir, vocab_size, log):
 
 # %% ../nbs/14_embedded_build.ipynb #a679d3ef
 def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows, max_train_rows, log):
-    model, tok = load_embedded_target(out_dir)
+    model, tok = load_embedded_target(out_dir, verify=False)
     for split in ("test", "validation", "train"):  # held-out sets first: they are the ones every measurement uses
         rows = fit_rows(tok, read_jsonl(corpus_path(out_dir, split)), seq_length)[:max_rows]
         if split == "train":  # the draft's prompts take the held-out form: signature + docstring
@@ -477,7 +479,7 @@ def response_stats(tokenizer, rows: list[dict], max_new_tokens: int | None = Non
 
 # %% ../nbs/14_embedded_build.ipynb #46fdfeac
 def _stage_quality(out_dir, seq_length, max_new_tokens, log) -> dict:
-    model, tok = load_embedded_target(out_dir)  # the stored (bf16-rounded) weights, in fp32
+    model, tok = load_embedded_target(out_dir, verify=False)  # the stored (bf16-rounded) weights, in fp32
     q = {
         "test_original": assistant_accuracy(model, tok, fit_rows(tok, read_jsonl(corpus_path(out_dir, "test")), seq_length)),
         "validation_original": assistant_accuracy(
@@ -496,6 +498,17 @@ def _stage_quality(out_dir, seq_length, max_new_tokens, log) -> dict:
 # %% ../nbs/14_embedded_build.ipynb #e3a55d6a
 STAGES = ("corpus", "tokenizer", "target", "regenerate", "quality", "manifest")
 
+def _check_replace(out_dir: Path, stages, replace: bool):
+    """Refuse to write over a built target (its tokenizer or weights) or a finished build (one with a manifest) unless
+    `replace`; with it, the manifest goes first: it no longer describes the folder until the manifest stage runs."""
+    built = out_dir / TARGET_DIR / "model.safetensors"
+    over = [f"the built target {built}"] if built.is_file() and {"tokenizer", "target"} & set(stages) else []
+    if (out_dir / MANIFEST_NAME).is_file() and set(stages) - {"manifest"}: over.append("the finished build's files")
+    if over and not replace:
+        raise FileExistsError(f"--out {out_dir}: these --stages would replace {' and '.join(over)}; pass --replace to build "
+                              "over them (the shipped folder: restore it with git checkout), or choose another --out")
+    if over: (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+
 
 def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdlib: Path | None = None,
                    modules: list[str] | None = None, n_test: int = 330, n_validation: int = 330,
@@ -503,15 +516,17 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
                    steps: int = 4000, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
                    max_train_seconds: float | None = None, seed: int = 0,
-                   stages=STAGES, log=print) -> dict:
+                   stages=STAGES, replace: bool = False, log=print) -> dict:
     """Build the embedded default under `out_dir`; returns the quality figures (if that stage ran).
 
     `corpus_source`: a previous build folder to copy the corpus from (default: the shipped one, so the build
-    does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's)."""
+    does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's).
+    `replace`: build over a built target or a finished build (refused otherwise, before any work)."""
     out_dir = Path(out_dir)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages are {STAGES}")
+    _check_replace(out_dir, stages, replace)
     q = {}
     for stage in (s for s in STAGES if s in stages):
         t0 = time.time()
@@ -552,6 +567,7 @@ def main(argv=None):
     b.add_argument("--max_train_rows", type=int, default=d["max_train_rows"], help="regenerate at most this many training rows")
     b.add_argument("--stages", type=_stages, default=d["stages"], help=f"comma-separated subset of {','.join(STAGES)}")
     b.add_argument("--threads", type=int, default=2)
+    b.add_flag("replace", False, help="build over a built target or a finished build in --out (refused otherwise)")
     a = b.parse_args(argv)
     for key, low in (("threads", 1), ("steps", 1), ("max_new_tokens", 1), ("vocab_size", 256 + len(SPECIAL_TOKENS))):
         if getattr(a, key) < low: b.error(f"--{key} must be >= {low} (got {getattr(a, key)})")   # bytes + specials
@@ -561,7 +577,7 @@ def main(argv=None):
     try:
         return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
                               max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
-                              max_train_seconds=a.max_train_seconds, stages=a.stages, log=log)
+                              max_train_seconds=a.max_train_seconds, stages=a.stages, replace=a.replace, log=log)
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
         print(f"error: {' '.join(str(e).split())} (run the earlier --stages first, or check --corpus / --out)", file=sys.stderr)
         sys.exit(2)

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from .config import dumps_strict, looks_local
 from .progress import Phase
@@ -35,7 +34,7 @@ from .embedded import embedded_dataset_path, load_embedded_target, resolve_data_
 from .lifecycle import _write_json
 from .export import check_draft_folder, find_draft_dir, load_draft
 from .stats import pooled_tau_ratio
-from .target import check_target_path, load_target
+from .target import check_target_path, load_target, load_tokenizer
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
@@ -181,12 +180,14 @@ def _drafter(draft_dir, model, lookup: dict | None):
     return generate, SimpleNamespace(**info)
 
 # %% ../nbs/32_evaluation.ipynb #aec0bd9f
-def _load_target(target):
+def _load_target(target, trust_remote_code: bool = False):
     "(model, tokenizer) from None (embedded default), a path, or a (model, tokenizer) pair."
     if isinstance(target, (tuple, list)): return target
     if target is None:
         return load_embedded_target()
-    return load_target(target), AutoTokenizer.from_pretrained(str(target))
+    # the target's own Python runs only when trusted (notebook 10); a missing tokenizer.json is named
+    return (load_target(target, trust_remote_code=trust_remote_code),
+            load_tokenizer(target, trust_remote_code, what="target's tokenizer"))
 
 # %% ../nbs/32_evaluation.ipynb #897f84cb
 def _default_prompts():
@@ -248,11 +249,12 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
                    prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
                    temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft",
                    prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, trust_remote_code: bool = False) -> dict:
     """Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed,
     losslessness. `drafter`: "draft" (the draft in `draft_dir`) or "ngram" (prompt lookup, no draft: `draft_dir` unused).
 
-    `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent)."""
+    `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent).
+    `trust_remote_code`: run the Python a target folder ships (auto_map); refused in one line otherwise."""
     _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
     if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
         raise ValueError(f"prompt_seed must be an integer >= 0 (or None: the first rows in file order), got {prompt_seed!r}")
@@ -264,7 +266,7 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
     if lookup is None and not isinstance(draft_dir, DFlashDraftModel):
         if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
         check_draft_folder(draft_dir)
-    model, tok = _load_target(target)
+    model, tok = _load_target(target, trust_remote_code)
     dev = next(model.parameters()).device
     generate, d = _drafter(draft_dir, model, lookup)                 # bad pairs fail before any decoding
     if candidate_ks and not d.is_domino:
@@ -461,7 +463,8 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
                  threads: int | None = None, per_prompt: bool = False, as_json: bool = False, prompt_seed: int | None = 0,
                  stratify_by: str | None = "auto", prompt_split: str | None = None, temperature: float = 0.0,
                  sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft", prompt_lookup_min: int = 1,
-                 prompt_lookup_max: int = 3, num_speculative_tokens: int = 15) -> dict:
+                 prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
+                 trust_remote_code: bool = False) -> dict:
     "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
@@ -472,7 +475,8 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
                              candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
                              prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed,
                              long_prompts=long_prompts, drafter=drafter, prompt_lookup_min=prompt_lookup_min,
-                             prompt_lookup_max=prompt_lookup_max, num_speculative_tokens=num_speculative_tokens)
+                             prompt_lookup_max=prompt_lookup_max, num_speculative_tokens=num_speculative_tokens,
+                             trust_remote_code=trust_remote_code)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
     else:
@@ -498,7 +502,7 @@ def _decode_eval(cfg) -> dict:
     prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
                          n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
-                         enable_thinking=cfg.enable_thinking)
+                         enable_thinking=cfg.enable_thinking, trust_remote_code=cfg.trust_remote_code)
     _write_json(cfg.run_dir / "eval.json", res)
     plot_eval(res, cfg.run_dir / "plots")
     return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}

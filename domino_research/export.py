@@ -8,21 +8,24 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from .config import ConfigError, write_atomic
+from .config import ConfigError, NoSpaceError, is_disk_full, no_space, write_atomic
 from .draft import DFlashDraftModel
 from .data import chat_cache_key
 from .embedded import resolve_data_path
 
 # %% auto #0
-__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
-           'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source', 'model_card', 'generation_config',
-           'describe_draft', 'export_config', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft']
+__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config',
+           'read_safetensors_header', 'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source',
+           'model_card', 'generation_config', 'describe_draft', 'export_config', 'check_export_dir', 'export_draft',
+           'push_draft', 'serving_problems', 'describe_run_draft']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -311,6 +314,32 @@ def export_config(draft: DFlashDraftModel, metadata: dict | None = None) -> dict
     if metadata: cfg["domino_research"] = dict(metadata)
     return cfg
 
+# %% ../nbs/31_export.ipynb #2c8544cd
+EXPORT_FILES = ("config.json", "model.safetensors", "README.md", "modeling_dflash.py", "generation_config.json")
+
+def check_export_dir(out: Path):
+    """Refuse an `out_dir` that `export_draft` would write over but did not write: a file, a link, or a non-empty folder
+    other than a draft export (only the files an export writes, and a draft's config.json)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"out_dir {out}: is a file or a link; pass a folder (new, empty, or an earlier export)")
+    if not out.is_dir() or not any(out.iterdir()): return
+    other = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    try: draft = json.loads((out / "config.json").read_text()).get("architectures") == ["DFlashDraftModel"]
+    except (OSError, ValueError, AttributeError): draft = False
+    if other or not draft:
+        what = f"it holds {', '.join(other[:4])}{' ...' if len(other) > 4 else ''}" if other else "no draft's config.json"
+        raise ConfigError(f"out_dir {out}: not empty and not a draft export ({what}); export_draft replaces only its own "
+                          "exports: pass a new or empty folder")
+
+def _swap_in(tmp: Path, out: Path):
+    "Put the finished export `tmp` at `out`; an earlier export there is removed only once the new one is in place."
+    if not out.exists(): return os.replace(tmp, out)
+    old = out.parent / f".{out.name}.replaced"
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old)
+
 # %% ../nbs/31_export.ipynb #37363545
 def export_draft(run_or_checkpoint, out_dir, metadata: dict | None = None, backbone_only: bool = False) -> Path:
     """Write the self-describing serving folder of the draft in a run/checkpoint/draft dir or a model: config.json,
@@ -330,10 +359,21 @@ def export_draft(run_or_checkpoint, out_dir, metadata: dict | None = None, backb
         raise ValueError(f"draft state dict does not have the serving names: unexpected {sorted(set(sd) - set(want))}, "
                          f"missing {sorted(set(want) - set(sd))}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    return describe_draft(out, metadata)
+    check_export_dir(out)                          # before any write: a user's folder is never written into
+    tmp, needed = out.parent / f".{out.name}.export-tmp", sum(t.numel() * t.element_size() for t in sd.values()) + 2**20
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:                                           # into a temp folder beside `out`: `out` is whole or as it was
+        tmp.mkdir(parents=True)
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        describe_draft(tmp, metadata)
+    except BaseException as e:
+        full = isinstance(e, NoSpaceError) or is_disk_full(e, tmp.parent, needed)   # asked before the cleanup frees space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full: raise no_space(out, needed, "free some space there or export elsewhere") from None
+        raise
+    _swap_in(tmp, out)
+    return out
 
 # %% ../nbs/31_export.ipynb #fda0df70
 def push_draft(draft_dir, repo_id: str, private: bool = True, token=None, api=None, commit_message: str = "Upload draft"):
@@ -357,9 +397,11 @@ _ENGINE_DFLASH_KEYS = ("block_size", "target_layer_ids", "mask_token_id", "num_t
 SERVING_ENGINES = ("sglang", "vllm")
 
 def serving_problems(draft_dir, engine: str) -> list[str]:
-    "What `engine` (sglang / vllm, per the table above) would miss, refuse or decode differently in a draft folder; [] if none."
+    """What `engine` (sglang / vllm, per the table above) would miss, refuse or decode differently in a draft folder (or
+    the draft of a run or checkpoint folder, found as `bench decode` finds it); [] if none."""
     if engine not in SERVING_ENGINES: raise ValueError(f"engine {engine!r}: choose one of {SERVING_ENGINES}")
     p = Path(draft_dir)
+    if not (p / "config.json").is_file(): p = find_draft_dir(p)
     cfg = read_draft_config(p)
     d = {**cfg["dflash_config"], "num_target_layers": cfg.get("num_target_layers")}
     out = [f"config.json has no `{k}`" for k in _ENGINE_CONFIG_KEYS if cfg.get(k) is None]

@@ -13,7 +13,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from .config import ConfigError, DFlashConfig, dumps_strict, is_disk_full, no_space, write_atomic
 
 # %% auto #0
-__all__ = ['CONTRACT_KEYS', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
+__all__ = ['CONTRACT_KEYS', 'RUN_MARKER', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
            'write_run_config', 'append_metrics', 'list_checkpoints', 'save_checkpoint', 'restore_rng',
            'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
            'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state', 'resume_position',
@@ -57,10 +57,14 @@ def read_metrics(path) -> list[dict]:
     return rows
 
 # %% ../nbs/17_lifecycle.ipynb #468c6be8
+RUN_MARKER = ".domino_run"   # written into each run folder the recipe makes: what `overwrite` may replace (not any config.yaml)
+
 def write_run_config(run_dir: Path, cfg):
-    """The run's settings as `config.yaml`. `overwrite` and `resume` were this invocation's actions, so a copy of this
-    file used as --config never repeats them."""
+    """The run's settings as `config.yaml`, and the recipe's marker if the folder has none yet. `overwrite` and `resume`
+    were this invocation's actions, so a copy of this file used as --config never repeats them."""
     saved = {**dataclasses.asdict(cfg), "overwrite": False, "resume": None}
+    if not (run_dir / RUN_MARKER).is_file():
+        write_atomic(run_dir / RUN_MARKER, "a training run folder made by domino_research.train; overwrite may replace it\n")
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
 
 # %% ../nbs/17_lifecycle.ipynb #b47f4115
@@ -232,7 +236,7 @@ def resume_checkpoint(run_dir, resume: str) -> Optional[Path]:
 RESUMABLE_KEYS = ("resume", "overwrite", "dist_timeout_minutes", "gradient_checkpointing", "data_cache_dir", "data_num_proc",
                   "dataloader_num_workers", "output_dir", "run_name", "eval_every_steps", "save_every_steps", "keep_checkpoints",
                   "wandb_project", "on_nonfinite", "eval_data", "max_eval_samples", "n_eval_prompts", "decode_eval_prompts",
-                  "decode_max_new_tokens", "decode_prompts", "shard_target",
+                  "decode_max_new_tokens", "decode_prompts", "shard_target", "trust_remote_code",
                   "shard_draft")   # sharding: how, not what, is trained
 
 def _saved_settings(saved_file: Path, cfg) -> tuple[dict, dict]:
@@ -401,12 +405,12 @@ def _inside(path, run_dir) -> bool:
 _RUN_FILES = {"config.yaml", "metrics.jsonl", "checkpoints", "plots"}   # what a run writes before its first checkpoint
 
 def _check_overwrite(run_dir: Path):
-    "`overwrite` replaces a training run only: never a link, never a folder that is not a run."
+    "`overwrite` replaces a folder the recipe made (its marker) only: never a link, never a user's folder."
     if run_dir.is_symlink():
         raise ConfigError(f"run_name: {run_dir} is a symbolic link; overwrite replaces run folders only: choose another run_name")
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"run_name: {run_dir} is not a training run (no config.yaml), and overwrite replaces runs only; "
-                          "choose another run_name or output_dir")
+    if not (run_dir / RUN_MARKER).is_file():      # a config.yaml proves nothing: a user's own folder may hold one
+        raise ConfigError(f"run_name: {run_dir} is not a training run this recipe made (no {RUN_MARKER} marker), and overwrite "
+                          "replaces only those; move your files away or choose another run_name or output_dir")
 
 # %% ../nbs/17_lifecycle.ipynb #0d5c16b4
 def check_reuse(run_dir, cfg):

@@ -22,7 +22,7 @@ from .config import ConfigError, DFlashConfig
 from .domino import DFlashTrainer, DominoTrainer
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import embedded_target_path
-from .target import capture_features, freeze, target_embed, target_lm_head
+from .target import TargetLoadError, capture_features, freeze, hf_load, target_embed, target_lm_head
 
 # %% auto #0
 __all__ = ['QWEN3_8B_CONFIG_DIR', 'GiB', 'CUDA_CONTEXT_BYTES', 'NCCL_BYTES', 'FRAGMENTATION', 'CATEGORIES', 'CONFIG_DIR',
@@ -36,7 +36,8 @@ _SHIPPED_CONFIGS = {"Qwen/Qwen3-8B": QWEN3_8B_CONFIG_DIR}
 def memory_target_config(target: str):
     "The target's config: `embedded`, a local folder, or a hub id (its shipped copy for `Qwen/Qwen3-8B` when not cached)."
     path = str(embedded_target_path()) if target == "embedded" else str(target)
-    try: return AutoConfig.from_pretrained(path)
+    try: return hf_load(AutoConfig, path)          # a folder's own code never runs (notebook 10)
+    except TargetLoadError: raise
     except (OSError, ValueError) as e:
         if target in _SHIPPED_CONFIGS: return AutoConfig.from_pretrained(_SHIPPED_CONFIGS[target])
         raise ConfigError(f"target: cannot read a model config at {path!r} ({' '.join(str(e).split())[:200]}); pass a "

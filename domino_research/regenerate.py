@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import GenerationConfig
 
 from .config import ConfigError, looks_local, write_atomic
 from .train_config import CommandLine, signature_defaults
@@ -34,7 +34,7 @@ from domino_research.data import (
     stop_token_ids,
     tokenizer_fingerprint,
 )
-from .target import check_device, check_target_path, load_target
+from .target import check_device, check_target_path, load_target, load_tokenizer
 
 # %% auto #0
 __all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
@@ -605,6 +605,7 @@ def _parse_args(argv=None):
     )
     p.add_argument("--limit", type=int, default=None, help="only the first N rows (>= 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_flag("trust_remote_code", False, help="run the Python the target or tokenizer folder ships (auto_map): read it first")
     p.add_argument(
         "--shard",
         default=signature_defaults(regenerate)["shard"],
@@ -630,11 +631,11 @@ def main(argv=None) -> dict:
         raise FileNotFoundError(f"--tokenizer {a.tokenizer!r} does not exist; check the path")
     if a.server:
         target = OpenAIServer(a.server, a.server_model, concurrency=a.concurrency, timeout=a.timeout, retries=a.retries)
-        tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target) if (a.tokenizer or a.target) else None
+        tokenizer = load_tokenizer(a.tokenizer or a.target, a.trust_remote_code) if (a.tokenizer or a.target) else None
     else:
         check_target_path(a.target)                                  # a mistyped local path fails here, the hub never asked
-        tokenizer = AutoTokenizer.from_pretrained(a.tokenizer or a.target)
-        target = load_target(a.target, device=a.device)
+        tokenizer = load_tokenizer(a.tokenizer or a.target, a.trust_remote_code)      # a folder's code runs only if trusted
+        target = load_target(a.target, device=a.device, trust_remote_code=a.trust_remote_code)
     return regenerate(target, tokenizer, rows, a.out, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                       batch_size=a.batch_size, enable_thinking=a.enable_thinking, seed=a.seed, shard=a.shard)
 

@@ -5,18 +5,20 @@
 # %% ../nbs/10_target.ipynb #c35a34ce
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from .config import ConfigError, DFlashConfig, looks_local
 
 # %% auto #0
-__all__ = ['freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'load_target', 'target_embed', 'target_lm_head',
-           'check_layer_ids', 'capture_features', 'check_draft_fits_target']
+__all__ = ['TRUST_OPT_IN', 'freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'hf_load', 'load_target_config',
+           'load_tokenizer', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids', 'capture_features',
+           'check_draft_fits_target']
 
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -31,7 +33,8 @@ class TargetLoadError(ConfigError, OSError):
     "The target (or its folder) cannot be loaded; the message names the path and what is missing."
 
 # %% ../nbs/10_target.ipynb #7195f0cc
-_WEIGHT_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+_SAFE_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME)
+_WEIGHT_FILES = (*_SAFE_FILES, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
 
 def check_device(spec, what: str = "--device"):
     "A device name torch knows and this machine has (None passes: the default device); refused in one line otherwise."
@@ -54,20 +57,83 @@ def check_target_path(path_or_id, what: str = "target") -> str:
         if not any((p / n).is_file() for n in _WEIGHT_FILES):
             raise TargetLoadError(f"{what} {s!r}: the folder has config.json but no weights ({' / '.join(_WEIGHT_FILES)}); "
                                   "copy the weights there or pass the folder that has them")
+        if not any((p / n).is_file() for n in _SAFE_FILES):   # only a pickle: unpickling can run code, so never opened
+            pickle = next(p / n for n in _WEIGHT_FILES if (p / n).is_file())
+            raise TargetLoadError(f"{what} {s!r}: its weights are a pickle ({pickle}), which this project never opens; convert "
+                                  "them to safetensors (save_pretrained(..., safe_serialization=True) where you trust the file)")
     elif p.exists(): raise TargetLoadError(f"{what} {s!r} is a file; pass the model folder (config.json + weights)")
     elif looks_local(s):
         raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
     return s
 
+# %% ../nbs/10_target.ipynb #207fd3fe
+TRUST_OPT_IN = "set `trust_remote_code: true` in the training config or pass --trust_remote_code to the command"
+
+def _custom_code(path) -> list[str]:
+    "The Python files a local folder's `auto_map` (config.json, tokenizer_config.json) would import."
+    files = set()
+    for name in ("config.json", "tokenizer_config.json"):
+        try: amap = json.loads((Path(path) / name).read_text()).get("auto_map") or {}
+        except (OSError, ValueError, AttributeError): continue
+        for refs in amap.values():
+            for ref in refs if isinstance(refs, list) else [refs]:
+                if isinstance(ref, str): files.add(ref.split("--")[-1].rsplit(".", 1)[0] + ".py")
+    return sorted(files)
+
+def hf_load(loader, path_or_id, what: str = "target", trust_remote_code: bool = False, **kwargs):
+    """`loader.from_pretrained(path_or_id, **kwargs)` with `trust_remote_code` always passed (False unless opted in): a
+    handed folder's code never runs and transformers never asks; a folder that needs it is refused in one line."""
+    try: return loader.from_pretrained(path_or_id, trust_remote_code=bool(trust_remote_code), **kwargs)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e): raise
+        code = ", ".join(_custom_code(path_or_id)) or "code from its hub repository"
+        raise TargetLoadError(f"{what} {str(path_or_id)!r} needs its own Python to load ({code}), which is never run unless "
+                              f"you opt in: read it, then {TRUST_OPT_IN}") from None
+
+# %% ../nbs/10_target.ipynb #2fccc192
+def load_target_config(path_or_id, trust_remote_code: bool = False, what: str = "target"):
+    "The target's `config.json` as a transformers config; missing, unreadable or code-carrying: one line naming the path."
+    s, p = str(path_or_id), Path(path_or_id)
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise TargetLoadError(f"{what} {s!r}: {p / 'config.json'} does not exist; pass a model folder (save_pretrained layout)")
+    if not p.exists() and looks_local(s):
+        raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
+    try: return hf_load(AutoConfig, s, what, trust_remote_code)
+    except TargetLoadError: raise
+    except (OSError, ValueError) as e:
+        raise TargetLoadError(f"{what}: cannot read a model config at {s!r} ({' '.join(str(e).split())[:300]})") from None
+
+# %% ../nbs/10_target.ipynb #2f64a46f
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+def load_tokenizer(path_or_id, trust_remote_code: bool = False, what: str = "tokenizer"):
+    """The tokenizer of a folder or hub id; a missing folder, a folder without tokenizer files, a file, or one that needs
+    code: one line naming the path."""
+    s, p = str(path_or_id), Path(path_or_id)
+    if p.is_dir():
+        if not any((p / n).is_file() for n in _TOKENIZER_FILES):
+            raise TargetLoadError(f"{what} {s!r}: no tokenizer there ({p / 'tokenizer.json'} does not exist); copy the "
+                                  "tokenizer files (tokenizer.json, tokenizer_config.json) there or pass the folder with them")
+    elif p.exists(): raise TargetLoadError(f"{what} {s!r} is a file; pass the folder that holds tokenizer.json")
+    elif looks_local(s):
+        raise TargetLoadError(f"{what} {s!r} does not exist; check the path (a hub id is 'name' or 'owner/name')")
+    try: return hf_load(AutoTokenizer, s, what, trust_remote_code)
+    except TargetLoadError: raise
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:   # a damaged or incomplete tokenizer folder
+        raise TargetLoadError(f"{what} {s!r}: cannot load a tokenizer from it ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:300]})") from None
+
 # %% ../nbs/10_target.ipynb #009615f7
-def load_target(path_or_id, dtype=None, device=None) -> PreTrainedModel:
-    "Load a causal LM (folder or hub id) frozen: eval, no grad; bf16 on CUDA, fp32 on CPU unless `dtype` is given."
+def load_target(path_or_id, dtype=None, device=None, trust_remote_code: bool = False) -> PreTrainedModel:
+    """Load a causal LM (folder or hub id) frozen: eval, no grad; bf16 on CUDA, fp32 on CPU unless `dtype` is given. Each
+    tensor goes from the file straight to `device` (no whole copy in host memory first); its code runs only if trusted."""
     device = torch.device(device) if device is not None else _default_device()
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     if dtype is None: dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(path_or_id, PreTrainedModel): return freeze(path_or_id.to(device=device, dtype=dtype))
     check_target_path(path_or_id)
-    try: model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype)
+    try: model = hf_load(AutoModelForCausalLM, path_or_id, "target", trust_remote_code, dtype=dtype, device_map={"": device})
+    except TargetLoadError: raise
     except (OSError, ValueError) as e:
         where = "the local folder has no loadable model" if Path(str(path_or_id)).exists() else \
                 "it is not a local folder, and as a hub id it could not be fetched (offline?)"
@@ -75,7 +141,7 @@ def load_target(path_or_id, dtype=None, device=None) -> PreTrainedModel:
             f"cannot load target {str(path_or_id)!r}: {where}. Pass a folder with config.json and weights "
             f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
         ) from e
-    return freeze(model.to(device))
+    return freeze(model)
 
 # %% ../nbs/10_target.ipynb #8e6c7142
 def target_embed(target) -> nn.Embedding:

@@ -15,7 +15,6 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
 from fastcore.basics import patch
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import ConfigError, DFlashConfig, NoSpaceError
@@ -26,7 +25,8 @@ from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
 from .reduce import MetricSums, reduce_tensor, reduce_values, to_host
-from .target import check_target_path, load_target, capture_features, target_embed, target_lm_head
+from .target import (capture_features, check_target_path, load_target, load_target_config, load_tokenizer,
+                                    target_embed, target_lm_head)
 from .embedded import resolve_data_path, resolve_target_path
 from .evaluation import _decode_eval, _print_summary, load_prompts
 from .plots import plot_training
@@ -100,12 +100,12 @@ class TrainDFlashRecipe:
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
         self.target_path = check_target_path(resolve_target_path(cfg.target))   # no config.json or weights: one line
-        try: self.target_config = AutoConfig.from_pretrained(self.target_path)
-        except OSError as e: raise ConfigError(f"target: cannot read a model config at {self.target_path!r} ({e})") from None
+        # the folder's own Python never runs unless cfg.trust_remote_code (notebook 10): refused in one line
+        self.target_config = load_target_config(self.target_path, cfg.trust_remote_code)
         self.dflash = self._build_dflash_config()
         self.contract = draft_contract(self.dflash, cfg.draft_num_hidden_layers, cfg.draft_intermediate_size)
         self.resume_state = self._load_resume_state()      # refuses a mismatched contract before any weights load
-        self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
+        self.tokenizer = load_tokenizer(self.target_path, cfg.trust_remote_code, what="target's tokenizer")
         self.train_set, self.eval_set = self._build_datasets()
         if cfg.packing: self._pack_datasets()             # checks that some packed conversation holds a block
         else: check_has_anchors(self.train_set, self.dflash.block_size, cfg.seq_length)   # notebook 11
@@ -217,7 +217,7 @@ def _pack_datasets(self: TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #731d7b60
 @patch
 def _load_target(self: TrainDFlashRecipe):
-    target = load_target(self.target_path, device=self.accelerator.device)
+    target = load_target(self.target_path, device=self.accelerator.device, trust_remote_code=self.cfg.trust_remote_code)
     self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; whole weights, before sharding
     if self._sharded_target(): shard_target(target)   # FSDP2 over its decoder layers (notebook 18)
     return target

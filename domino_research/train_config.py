@@ -32,6 +32,7 @@ class DFlashTrainConfig:
     recipe: str = "dflash"                     # "dflash" | "domino": which recipe class runs
     # -- target and data
     target: str = "embedded"                   # local path or hub id of the frozen target; "embedded" = the shipped one
+    trust_remote_code: bool = False            # run the Python a target folder ships (auto_map): only for code you have read
     train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
     eval_data: Optional[str] = "embedded:validation"  # None disables validation
     enable_thinking: bool = False              # chat template thinking mode (must match evaluation)
