@@ -993,6 +993,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                      'domino_research/regenerate.py'),
                                             'domino_research.regenerate._sort_output': ( 'regenerate.html#_sort_output',
                                                                                          'domino_research/regenerate.py'),
+                                            'domino_research.regenerate._within': ( 'regenerate.html#_within',
+                                                                                    'domino_research/regenerate.py'),
                                             'domino_research.regenerate._write_meta': ( 'regenerate.html#_write_meta',
                                                                                         'domino_research/regenerate.py'),
                                             'domino_research.regenerate._write_rows': ( 'regenerate.html#_write_rows',
