@@ -390,7 +390,11 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
         why = "is not a writable folder" if Path(workdir).is_dir() else "does not exist or is not a folder"
         raise ValueError(f"bench data: --workdir {workdir} {why}; pass a folder with room for the data and its cache")
     num_proc, legacy_rows = num_proc or min(8, os.cpu_count() or 1), min(legacy_rows or rows, rows)
-    with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-") as d:   # the data, the cache: all removed after
+    try: tmp = tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-")   # the data, the cache: all removed after
+    except OSError as e:                      # read-only (as root, os.access says yes; the file system still says no)
+        raise ValueError(f"bench data: --workdir {workdir or tempfile.gettempdir()}: cannot create a folder there "
+                         f"({e.strerror}); pass a writable folder") from None
+    with tmp as d:
         data, legacy_data = write_synthetic_chats(Path(d) / "chats.jsonl", rows, seed), Path(d) / "legacy.jsonl"
         with open(data) as src, open(legacy_data, "w") as dst: dst.writelines(itertools.islice(src, legacy_rows))
         kw = dict(tokenizer=tok, cache_dir=Path(d) / "cache", seq_length=seq_length, num_proc=num_proc)
