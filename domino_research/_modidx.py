@@ -1252,6 +1252,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                             'domino_research/train_config.py'),
                                               'domino_research.train_config.load_train_config': ( 'train_config.html#load_train_config',
                                                                                                   'domino_research/train_config.py'),
+                                              'domino_research.train_config.number_in': ( 'train_config.html#number_in',
+                                                                                          'domino_research/train_config.py'),
                                               'domino_research.train_config.parse_bool': ( 'train_config.html#parse_bool',
                                                                                            'domino_research/train_config.py'),
                                               'domino_research.train_config.parse_train_args': ( 'train_config.html#parse_train_args',

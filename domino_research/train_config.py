@@ -24,7 +24,7 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
            'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
-           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'CommandLine',
+           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'number_in', 'CommandLine',
            'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
@@ -235,6 +235,16 @@ def parse_bool(text) -> bool:
     t = str(text).strip().lower()
     if t in _TRUE or t in _FALSE: return t in _TRUE
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+# %% ../nbs/09_train_config.ipynb #4b04e56e
+def number_in(spec: str, tp=float):
+    "An argparse `type`: a finite number of type `tp` in range `spec` (`'(0, 1]'`, `'>= 1'`); NaN and inf are refused."
+    def parse(text):
+        try: v = tp(text)
+        except ValueError: raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not in_range(v, spec): raise argparse.ArgumentTypeError(f"must be {range_phrase(spec, v)}, got {text}")
+        return v
+    return parse
 
 # %% ../nbs/09_train_config.ipynb #ed2edbd7
 class CommandLine(argparse.ArgumentParser):

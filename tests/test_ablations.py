@@ -136,3 +136,27 @@ def test_learning_rate_mistakes_fail_before_training(tiny, tmp_path):
         ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="dflash,domino", configs=configs, **params)
         assert error is not None and needle in str(error), (params, error)
     assert not (out / "runs").exists()
+
+
+def test_lookup_only_table_runs_to_its_end(tiny, tmp_path):
+    "`-p variants \"[ngram]\"` trains nothing, so no training curves are drawn: the display cell asked for them (a traceback)."
+    out = tmp_path / "abl"
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="[ngram]", n_eval_prompts=2, max_new_tokens=8,
+                              prompts=str(tiny["root"] / "val.jsonl"), configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
+    assert error is None, error
+    assert (out / "tau.png").is_file() and not (out / "training_curves.png").exists()
+
+
+def test_seeds_or_budgets_that_are_not_integers_are_one_line(tiny, tmp_path):
+    "`-p seeds \"a,b\"` ended in int('a')'s traceback; now the parameter is named, before anything is trained."
+    from domino_research.config import ConfigError
+    out = tmp_path / "abl"
+    for key, value in (("seeds", "a,b"), ("seeds", "-1"), ("budgets", "10,x"), ("budgets", "[0]")):
+        ran, error = run_notebook("ablations.ipynb", out_dir=str(out), configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)),
+                                  **{key: value})
+        assert isinstance(error, ConfigError) and f"parameter '{key}' must list integers >= " in str(error), (key, error)
+    assert not out.exists()
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(out), seeds="0,1", steps=1, variants="[ngram]",
+                              n_eval_prompts=1, max_new_tokens=4, prompts=str(tiny["root"] / "val.jsonl"),
+                              configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
+    assert error is None and json.loads((out / "results.json").read_text())["meta"]["seeds"] == [0, 1], error
