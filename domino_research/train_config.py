@@ -236,7 +236,7 @@ def parse_bool(text) -> bool:
     if t in _TRUE or t in _FALSE: return t in _TRUE
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
-# %% ../nbs/09_train_config.ipynb #4b04e56e
+# %% ../nbs/09_train_config.ipynb #24ac62c1
 def number_in(spec: str, tp=float):
     "An argparse `type`: a finite number of type `tp` in range `spec` (`'(0, 1]'`, `'>= 1'`); NaN and inf are refused."
     def parse(text):

@@ -160,3 +160,33 @@ def test_seeds_or_budgets_that_are_not_integers_are_one_line(tiny, tmp_path):
                               n_eval_prompts=1, max_new_tokens=4, prompts=str(tiny["root"] / "val.jsonl"),
                               configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
     assert error is None and json.loads((out / "results.json").read_text())["meta"]["seeds"] == [0, 1], error
+
+
+def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path):
+    """Ctrl-C in `run_ablation(..., jobs=2)` with 4 runs queued: the two runs in flight stop, no queued run starts (its log
+    would appear), and the call returns within seconds. Before, the pool started the next queued run and waited for it."""
+    import signal, time
+    out = tmp_path / "abl"
+    script = (f"from domino_research.ablations import run_ablation\n"
+              f"run_ablation(['dflash', 'domino'], steps=1_000_000, seeds=[0, 1], out_dir={str(out)!r}, n_eval_prompts=1, "
+              f"max_new_tokens=4, prompts={str(tiny['root'] / 'val.jsonl')!r}, configs={tiny_configs(tiny, tmp_path)!r}, "
+              f"jobs=2, log=lambda m: print(m, flush=True))\n")
+    p = subprocess.Popen([sys.executable, "-c", script], env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)             # its own process group: Ctrl-C reaches the workers too
+    logs = lambda: sorted(q.relative_to(out).as_posix() for q in out.glob("runs/*/seed*.log"))
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and p.poll() is None and not (len(logs()) == 2 and all(
+                (out / q).stat().st_size > 0 for q in logs()) and list(out.glob("runs/*/seed*/metrics.jsonl"))):
+            time.sleep(0.5)
+        assert p.poll() is None and len(logs()) == 2, (logs(), p.poll())  # two runs training, two queued
+        time.sleep(2)
+        t0 = time.time()
+        os.killpg(p.pid, signal.SIGINT)                                 # what the terminal does on Ctrl-C
+        _, err = p.communicate(timeout=90)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode != 0 and "KeyboardInterrupt" in err or "interrupted" in err.lower(), err[-3000:]
+    assert len(logs()) == 2, f"a queued run started after Ctrl-C: {logs()}"
+    assert took < 30, f"returned {took:.0f} s after Ctrl-C"
