@@ -190,3 +190,35 @@ def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path):
     assert p.returncode != 0 and "KeyboardInterrupt" in err or "interrupted" in err.lower(), err[-3000:]
     assert len(logs()) == 2, f"a queued run started after Ctrl-C: {logs()}"
     assert took < 30, f"returned {took:.0f} s after Ctrl-C"
+
+
+STUDY28 = REPO / "runs" / "ablations" / "study28"
+
+
+def _run_study(study, *args, cwd, timeout=240) -> subprocess.CompletedProcess:
+    "`python <study>/study.py args...` started in `cwd`; killed (and failed) past `timeout` seconds."
+    try:
+        return subprocess.run([sys.executable, str(study / "study.py"), *args], cwd=cwd, env=ENV, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"study.py {' '.join(args)} from {cwd} ran past {timeout} s: it started work anew") from None
+
+
+def test_study_py_resolves_its_folders_from_its_own_location(tmp_path):
+    """Study 28's commands from another folder: `rates` re-reads the finished sweep (it started the 15-run sweep there),
+    `latency` names the one run missing and the command that adds it (it called the complete table incomplete), and
+    `table x` is one line. A copy of the study (no weights, no plots) stands in for it."""
+    import shutil
+    study, elsewhere = tmp_path / "study28", tmp_path / "elsewhere"
+    shutil.copytree(STUDY28, study, ignore=shutil.ignore_patterns("*.safetensors", "*.png"))
+    elsewhere.mkdir()
+    r = _run_study(study, "rates", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert yaml.safe_load(r.stdout.strip().splitlines()[-1]) == json.loads((STUDY28 / "best_lr.json").read_text())
+    (study / "steps2880" / "runs" / "domino" / "seed1" / "result.json").unlink()
+    r = _run_study(study, "latency", cwd=elsewhere)
+    assert r.returncode != 0 and "is not complete (domino seed 1): run `python " in r.stderr, r.stderr[-3000:]
+    assert f"{study / 'study.py'} table 0,1,2` first" in r.stderr, r.stderr[-3000:]
+    r = _run_study(study, "table", "x", cwd=elsewhere)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "seeds must be integers >= 0" in r.stderr, r.stderr[-3000:]
+    assert not list(elsewhere.iterdir())                            # nothing was written where it was started
