@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib, dataclasses, hashlib, json, multiprocessing, shutil, statistics, threading, time
+import os, signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,13 +32,13 @@ from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
-           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'Variant', 'draft_parameters', 'resolve_variant', 'with_learning_rate',
-           'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from', 'spread',
-           'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary', 'summarize',
-           'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results', 'file_digest',
-           'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record', 'run_one',
-           'time_kept_drafts', 'run_key', 'timed_every_run', 'with_timed_latency', 'plan_ablation', 'run_ablation',
-           'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'STOP_GRACE_S', 'Variant', 'draft_parameters', 'resolve_variant',
+           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from',
+           'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
+           'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
+           'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
+           'run_one', 'time_kept_drafts', 'run_key', 'timed_every_run', 'with_timed_latency', 'plan_ablation',
+           'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -954,13 +955,29 @@ def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Op
     return {n: resolve_variant(n, table[n], block_size, base_overrides, configs) for n in variants}
 
 # %% ../nbs/40_ablations.ipynb #4e4a171a
-def _run_one_in_worker(threads: int, **kw) -> dict:
-    "`run_one` in a worker process: `threads` torch threads, its output appended to runs/<variant>/seed<seed>.log."
+_STOP = None    # in a worker process: the pool's stop event; once set (Ctrl-C), a queued run does not start
+
+def _worker_init(stop):
+    "A pool worker's start: it keeps the stop event, and ignores Ctrl-C while idle (waiting for a run, it has nothing to stop)."
+    global _STOP
+    _STOP = stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def _run_one_in_worker(threads: int, **kw) -> dict | None:
+    """`run_one` in a worker process: `threads` torch threads, its output appended to runs/<variant>/seed<seed>.log.
+    None, starting nothing, once the study is stopped; a Ctrl-C during the run stops the study."""
+    if _STOP is not None and _STOP.is_set(): return None
     torch.set_num_threads(threads)
     log_file = Path(kw["out_dir"]) / "runs" / kw["name"] / f"seed{kw['seed']}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        return run_one(**kw, log=print)
+    signal.signal(signal.SIGINT, signal.default_int_handler)       # a run stops on Ctrl-C as a run in the parent does
+    try:
+        with open(log_file, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            return run_one(**kw, log=print)
+    except KeyboardInterrupt:
+        if _STOP is not None: _STOP.set()                           # before the next queued run is taken
+        raise
+    finally: signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 # %% ../nbs/40_ablations.ipynb #c7a4a0b7
 def _study_clock(n_runs: int, log):
@@ -975,21 +992,36 @@ def _study_clock(n_runs: int, log):
     return tick
 
 # %% ../nbs/40_ablations.ipynb #4479c93c
+STOP_GRACE_S = 10.0   # seconds the runs in flight get to stop by themselves after a Ctrl-C or a failure
+
+def _end_workers(pool: ProcessPoolExecutor, grace_s: float):
+    """The pool's processes, ended: each gets `grace_s` to stop (a Ctrl-C from the terminal reached its run too), then
+    SIGTERM. A run killed mid-step resumes from its last checkpoint; a finished run's result.json is already on disk."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    deadline = time.monotonic() + grace_s
+    for p in procs: p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive(): os.kill(p.pid, signal.SIGTERM)
+
 def _run_in_workers(tasks: dict, jobs: int, log, tick=lambda: None) -> dict:
     """{key: run_one(**kw)} for `tasks` = {key: kw}, `jobs` at a time in spawned processes; the first failure cancels
     the runs not yet started (a finished run is kept: its result.json is on disk)."""
-    from domino_research.ablations import _run_one_in_worker as work     # the module's: a spawned process imports it by name
-    threads, out = max(1, torch.get_num_threads() // jobs), {}
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    from domino_research.ablations import _run_one_in_worker as work, _worker_init   # a spawned process imports them by name
+    threads, out, ctx = max(1, torch.get_num_threads() // jobs), {}, multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(stop,)) as pool:
         futures = {pool.submit(work, threads, **kw): k for k, kw in tasks.items()}
         try:
             for f in as_completed(futures):
-                r = out[futures[f]] = f.result()
+                if (r := f.result()) is None: continue       # not started: the study was stopped (the failure follows)
+                out[futures[f]] = r
                 log(f"[{r['variant']} seed {r['seed']}] τ {r['tau']:.3f} (base {r['tau_base']:.3f}), lossless {r['lossless']}, "
                     f"trained in {r['train_seconds']:.0f}s, decoded in {r['eval_seconds']:.0f}s ({threads} thread(s) per run)")
                 tick()
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
+        except BaseException:                   # a failure or Ctrl-C: nothing new starts, the runs in flight end within seconds
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            _end_workers(pool, grace_s=STOP_GRACE_S)
             raise
     return out
 

@@ -26,11 +26,11 @@ from .train_config import CommandLine, signature_defaults
 from .evaluation import decode_bench
 from .target import check_device
 from .loss import chunked_dual_ce, naive_dual_ce
-from .memory import measure_config, memory_table
+from .memory import _RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
 
 # %% auto #0
-__all__ = ['VARIANTS', 'NGRAM_OPTIONS', 'make_loss_inputs', 'loss_variant', 'bench_loss', 'main', 'synthetic_chat_rows',
-           'write_synthetic_chats', 'data_step', 'bench_data']
+__all__ = ['VARIANTS', 'MAX_PROCESSES', 'NGRAM_OPTIONS', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
+           'synthetic_chat_rows', 'write_synthetic_chats', 'data_step', 'bench_data']
 
 # %% ../nbs/33_bench.ipynb #b943c889
 def make_loss_inputs(T: int, V: int, H: int, E: int, G: int, dtype=torch.float32, device="cpu", seed: int = 0,
@@ -71,6 +71,22 @@ def _check_sizes(**sizes):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"bench loss: {k} must be an integer >= 1, got {v!r}")
 
+# %% ../nbs/33_bench.ipynb #1a07f35f
+def _free_bytes(device: str = "cpu") -> int | None:
+    "Bytes free for new tensors on `device`: the kernel's MemAvailable on CPU, the driver's free memory on GPU; None if unknown."
+    if str(device).startswith("cuda"): return torch.cuda.mem_get_info(torch.device(device))[0]
+    try: meminfo = Path("/proc/meminfo").read_text()
+    except OSError: return None
+    kb = [int(l.split()[1]) for l in meminfo.splitlines() if l.startswith("MemAvailable:")]
+    return kb[0] * 1024 if kb else None
+
+def check_fits(what: str, need: int, device: str = "cpu", advice: str = "", free: int | None = None):
+    "ValueError naming `what` when `need` bytes are more than `device` has free (`free`: the free bytes, measured if None)."
+    free = _free_bytes(device) if free is None else free
+    if free is not None and need > free:
+        raise ValueError(f"{what} needs at least {need / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB free on "
+                         f"{device}; {advice}")
+
 # %% ../nbs/33_bench.ipynb #406da4a7
 def loss_variant(variant: str, T: int, V: int, H: int, E: int, G: int, dtype: str = "float32", device: str = "cpu",
                  chunk_size: int = 256, lambda_base: float = 0.5, repeats: int = 1, seed: int = 0) -> dict:
@@ -109,6 +125,8 @@ def _run_variant_subprocess(variant: str, **kw) -> dict:
     cmd = [sys.executable, "-m", "domino_research.bench", "_loss_variant", "--variant", variant]
     for k, v in kw.items(): cmd += [f"--{k}", str(v)]
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode == -9:                     # the kernel's OOM killer: no traceback of its own to show
+        raise ValueError(f"bench loss: variant '{variant}' was killed (SIGKILL), most likely out of memory; pass fewer --tokens")
     if p.returncode != 0:
         raise RuntimeError(
             f"bench loss: variant '{variant}' failed (exit {p.returncode}); command: {' '.join(cmd)}\n{p.stderr[-3000:]}"
@@ -131,6 +149,8 @@ def bench_loss(tokens: int = 2048, vocab: int = 151936, hidden: int = 4096, emb:
         )
     shape = dict(T=tokens, V=vocab, H=hidden, E=emb, G=gru)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_fits(f"bench loss: --tokens {tokens} x --vocab {vocab} (the naive variant's {dtype} logits)",
+               tokens * vocab * (4 if dtype == "float32" else 2), device, "pass fewer --tokens")
     kw = dict(shape, dtype=dtype, device=device, chunk_size=chunk_size, lambda_base=lambda_base, repeats=repeats)
     res = {v: _run_variant_subprocess(v, **kw) for v in names}
     nv, ef = res["naive"], res["chunked"]
@@ -179,6 +199,14 @@ def _variant_list(s):
 
 # %% ../nbs/33_bench.ipynb #782f392a
 _pos = _int_at_least(1)
+
+def _int_in(lo: int, hi: int):
+    "An argparse `type`: an integer in [lo, hi]."
+    def parse(s):
+        v = _int_at_least(lo)(s)
+        if v > hi: raise argparse.ArgumentTypeError(f"must be at most {hi}, got {v}")
+        return v
+    return parse
 
 def _add_loss_parser(sub):
     d = signature_defaults(bench_loss)                                    # the defaults are the function's
@@ -257,6 +285,9 @@ def main(argv=None):
     except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:                  # a benchmark writes nothing until it ends: nothing to keep, nothing to resume
+        print(f"error: bench {a.command}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        sys.exit(130)
 
 # %% ../nbs/33_bench.ipynb #f68f2943
 _SYLLABLES = ("ka", "lo", "mi", "ne", "ro", "ta", "shi", "ven", "dor", "al", "ex", "in", "on", "ur", "pe", "qua", "sto", "be")
@@ -355,8 +386,15 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
     tok = str(embedded_target_path()) if tokenizer == "embedded" else tokenizer
     if not (Path(tok) / "tokenizer_config.json").is_file():
         raise ValueError(f"bench data: --tokenizer {tokenizer!r} is not a folder with a tokenizer (tokenizer_config.json)")
+    if workdir is not None and not (Path(workdir).is_dir() and os.access(workdir, os.W_OK | os.X_OK)):
+        why = "is not a writable folder" if Path(workdir).is_dir() else "does not exist or is not a folder"
+        raise ValueError(f"bench data: --workdir {workdir} {why}; pass a folder with room for the data and its cache")
     num_proc, legacy_rows = num_proc or min(8, os.cpu_count() or 1), min(legacy_rows or rows, rows)
-    with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-") as d:   # the data, the cache: all removed after
+    try: tmp = tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-")   # the data, the cache: all removed after
+    except OSError as e:                      # read-only (as root, os.access says yes; the file system still says no)
+        raise ValueError(f"bench data: --workdir {workdir or tempfile.gettempdir()}: cannot create a folder there "
+                         f"({e.strerror}); pass a writable folder") from None
+    with tmp as d:
         data, legacy_data = write_synthetic_chats(Path(d) / "chats.jsonl", rows, seed), Path(d) / "legacy.jsonl"
         with open(data) as src, open(legacy_data, "w") as dst: dst.writelines(itertools.islice(src, legacy_rows))
         kw = dict(tokenizer=tok, cache_dir=Path(d) / "cache", seq_length=seq_length, num_proc=num_proc)
@@ -429,10 +467,22 @@ def _cmd_data(a):
     print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
 
 # %% ../nbs/33_bench.ipynb #a1e0c0d2
+MAX_PROCESSES = 4096    # a fake process group of this many ranks is measured in seconds; 1000000 never finished
+
+def _memory_mask_bytes(config: str, micro_batch_size: int | None) -> int:
+    """Bytes of the one real tensor `bench memory` allocates that grows with the batch: the step's dense block attention
+    mask, B·q·(S + q) float32 for q = num_anchors·block_size query slots (the rest are fake tensors)."""
+    raw, d = read_recipe_config(config), signature_defaults(measure_memory)
+    recipe = raw.get("recipe", "domino")
+    size = lambda k: raw.get(k) or _RECIPE_DEFAULTS.get(recipe, {}).get(k) or d[k]
+    B, S, q = micro_batch_size or size("micro_batch_size"), size("seq_length"), size("num_anchors") * size("block_size")
+    return B * q * (S + q) * 4
+
 def _add_memory_parser(sub):
     p = sub.add_parser("memory", help="peak GPU memory per rank at steady state (two training steps), measured on fake tensors")
     p.add_argument("--config", default="qwen3_8b_domino", help="a training YAML or the name of a shipped config")
-    p.add_argument("--num_processes", type=_pos, default=1, help="ranks (GPUs); sharding divides by it")
+    p.add_argument("--num_processes", type=_int_in(1, MAX_PROCESSES), default=1,
+                   help=f"ranks (GPUs), at most {MAX_PROCESSES}; sharding divides by it")
     p.add_flag("shard_draft", None, help="FSDP2-shard the draft (None: the config's)")
     p.add_flag("shard_target", None, help="FSDP2-shard the target's layers (None: the config's)")
     p.add_argument("--micro_batch_size", type=_pos, default=None, help="None: the config's")
@@ -444,9 +494,12 @@ def _add_memory_parser(sub):
 
 # %% ../nbs/33_bench.ipynb #0efc1837
 def _cmd_memory(a):
-    try: r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
-                            shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
-                            gradient_checkpointing=a.gradient_checkpointing, steps=a.steps)
+    try:
+        check_fits(f"--micro_batch_size {a.micro_batch_size or 'of the config'} (its real attention mask)",
+                   _memory_mask_bytes(a.config, a.micro_batch_size), advice="pass a smaller --micro_batch_size")
+        r = measure_config(a.config, a.num_processes, a.gradient_as_bucket_view, shard_draft=a.shard_draft,
+                           shard_target=a.shard_target, micro_batch_size=a.micro_batch_size,
+                           gradient_checkpointing=a.gradient_checkpointing, steps=a.steps)
     except (ValueError, OSError) as e:
         print(f"error: bench memory: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

@@ -17,11 +17,11 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accepted_prefix_len',
-           'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop',
-           'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits',
-           'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'check_ngram_params',
-           'ngram_propose', 'NgramProposer', 'ngram_generate']
+__all__ = ['MAX_VERIFY_WIDTH', 'decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate',
+           'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer',
+           'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout',
+           'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
+           'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -353,11 +353,19 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, stop_tok
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
 
 # %% ../nbs/30_decode.ipynb #a1c0e002
+# the widest verify step: the proposals and the target's own next token, checked in one forward. Far above any useful
+# proposal length (τ stays below 10 in every measurement here); a typo such as 1000000 would build a million-slot record
+MAX_VERIFY_WIDTH = 256
+
 def check_ngram_params(prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int):
-    "One-line ValueError unless 1 <= `prompt_lookup_min` <= `prompt_lookup_max` and `num_speculative_tokens` >= 1 (ints)."
+    """One-line ValueError unless 1 <= `prompt_lookup_min` <= `prompt_lookup_max` and 1 <= `num_speculative_tokens` <
+    `MAX_VERIFY_WIDTH` (ints)."""
     for k, v in dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
                      num_speculative_tokens=num_speculative_tokens).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+    if num_speculative_tokens >= MAX_VERIFY_WIDTH:
+        raise ValueError(f"num_speculative_tokens must be at most {MAX_VERIFY_WIDTH - 1} (the target verifies the proposals "
+                         f"and one token more in one step of at most {MAX_VERIFY_WIDTH}), got {num_speculative_tokens}")
     if prompt_lookup_min > prompt_lookup_max:
         raise ValueError(f"prompt_lookup_min {prompt_lookup_min} > prompt_lookup_max {prompt_lookup_max}: "
                          "no n-gram length to look up; pass a min <= max")

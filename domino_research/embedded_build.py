@@ -550,6 +550,8 @@ def _stages(text: str) -> tuple[str, ...]:
     return stages
 
 # %% ../nbs/14_embedded_build.ipynb #daf1b382
+from .train_config import number_in
+
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
     d = signature_defaults(build_embedded)                                # the defaults are the function's
@@ -559,9 +561,10 @@ def main(argv=None):
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
     b.add_argument("--steps", type=int, default=d["steps"])
     b.add_argument("--vocab_size", type=int, default=d["vocab_size"])
-    b.add_argument("--lr", type=float, default=d["lr"])
+    b.add_argument("--lr", type=number_in("(0, 1]"), default=d["lr"], help="AdamW's peak learning rate, in (0, 1]")
     b.add_argument(
-        "--max_train_seconds", type=float, default=d["max_train_seconds"], help="stop training early past this (shared machines)"
+        "--max_train_seconds", type=number_in("> 0"), default=d["max_train_seconds"],
+        help="stop training early past this (shared machines)"
     )
     b.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
     b.add_argument("--max_train_rows", type=int, default=d["max_train_rows"], help="regenerate at most this many training rows")
@@ -573,7 +576,10 @@ def main(argv=None):
         if getattr(a, key) < low: b.error(f"--{key} must be >= {low} (got {getattr(a, key)})")   # bytes + specials
     if a.out.exists() and not a.out.is_dir(): b.error(f"--out {a.out}: is a file; pass a folder")
     torch.set_num_threads(a.threads)
-    log = lambda m: print(time.strftime("%H:%M:%S"), m, flush=True)
+    finished = []
+    def log(m):
+        print(time.strftime("%H:%M:%S"), m, flush=True)
+        if m.startswith("stage ") and " done in " in m: finished.append(m.split()[1])   # what Ctrl-C leaves complete
     try:
         return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
                               max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
@@ -581,6 +587,11 @@ def main(argv=None):
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
         print(f"error: {' '.join(str(e).split())} (run the earlier --stages first, or check --corpus / --out)", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # the stages finished are complete in --out; the one interrupted starts again
+        left = [s for s in a.stages if s not in finished]
+        print(f"error: interrupted (Ctrl-C) during stage {left[0]}; {', '.join(finished) or 'no stage'} complete in {a.out}; "
+              f"continue with the same command and --stages {','.join(left)}", file=sys.stderr)
+        sys.exit(130)
 
 # %% ../nbs/14_embedded_build.ipynb #abb27fde
 #| eval: false

@@ -262,6 +262,9 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
     sampled = temperature > 0
     lookup = _check_drafter(drafter, prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+    if lookup is not None and draft_dir is not None:          # as the command line refuses --draft with --drafter ngram
+        raise ValueError("draft_dir: prompt lookup (drafter='ngram') uses no trained draft; pass None as draft_dir, "
+                         "or drafter='draft' to decode with it")
     # a bad folder fails before a target of many GB loads
     if lookup is None and not isinstance(draft_dir, DFlashDraftModel):
         if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)

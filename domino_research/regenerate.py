@@ -37,9 +37,9 @@ from domino_research.data import (
 from .target import check_device, check_target_path, load_target, load_tokenizer
 
 # %% auto #0
-__all__ = ['BATCHES', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
-           'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars', 'length_batches', 'Interrupted',
-           'regenerate', 'main', 'cli', 'check_data_thinking']
+__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'MAX_TEMPERATURE', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint',
+           'run_identity', 'meta_path', 'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars',
+           'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -118,6 +118,8 @@ def _parse_reply(r, where: str) -> tuple[str, int | None, bool]:
     return text, n if isinstance(n, int) and not isinstance(n, bool) else None, choice.get("finish_reason") == "stop"
 
 # %% ../nbs/12_regenerate.ipynb #234ca682
+MAX_TIMEOUT_S = 86400
+
 class OpenAIServer:
     "A running OpenAI-compatible server that serves the target (vLLM, SGLang, ...)."
     backoff = 1.0   # seconds before the first retry of a transient fault, doubled for each next one
@@ -126,7 +128,8 @@ class OpenAIServer:
         if not re.match(r"https?://", str(url)):
             raise ValueError(f"--server {url!r}: expected an http(s) URL such as http://localhost:8000/v1")
         if concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
-        if not timeout > 0: raise ValueError(f"--timeout must be > 0 seconds, got {timeout}")
+        if not 0 < timeout <= MAX_TIMEOUT_S:                             # NaN and inf too: a timer needs a finite time
+            raise ValueError(f"--timeout must be a finite number of seconds in (0, {MAX_TIMEOUT_S}] (a day), got {timeout}")
         if retries < 0: raise ValueError(f"--retries must be >= 0, got {retries}")
         self.url, self.concurrency, self.timeout, self.retries = url.rstrip("/"), concurrency, timeout, retries
         self.model = model or self._served_model()
@@ -159,8 +162,9 @@ class OpenAIServer:
             data=None if body is None else json.dumps(body).encode(),
             headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
         )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r: raw = r.read()
+        def fetch():
+            with urllib.request.urlopen(req, timeout=self.timeout) as r: return r.read()
+        try: raw = _within(fetch, self.timeout)      # the socket's timeout is per read: a dripping reply would never end
         except urllib.error.HTTPError as e:
             msg = f"HTTP {e.code}: {_shorten(e.read().decode(errors='replace'), 300)}"
             if e.code >= 500: raise _Transient(f"{path}: {msg}", "see the server's log") from None
@@ -191,6 +195,21 @@ class OpenAIServer:
                     chat_template_kwargs={"enable_thinking": enable_thinking},
                     **({"seed": request_seed(seed, *key)} if temperature > 0 else {}))
         return _parse_reply(self._request("/chat/completions", body), f"--server {self.url}/chat/completions")
+
+# %% ../nbs/12_regenerate.ipynb #9d018fe6
+def _within(fn, seconds: float):
+    """`fn()`, or TimeoutError once `seconds` have passed in all. It runs in a daemon thread that is left behind on a timeout
+    (its socket's own timeout ends it): a server that sends a byte now and then never trips a per-read timeout."""
+    out = {}
+    def run():
+        try: out["value"] = fn()
+        except BaseException as e: out["error"] = e                  # re-raised in the caller's thread
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive(): raise TimeoutError(f"no result within {seconds:g} s")
+    if "error" in out: raise out["error"]
+    return out["value"]
 
 # %% ../nbs/12_regenerate.ipynb #6aec44ba
 def _in_threads(fn, items: list, workers: int):
@@ -493,8 +512,13 @@ def _server_rows(server, rows, batches, done, seed: int, stats, kw):
         yield i, messages
 
 # %% ../nbs/12_regenerate.ipynb #95b7ae94
+MAX_TEMPERATURE = 2.0
+
 def _check_settings(max_new_tokens, temperature, batch_size):
-    if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    # NaN passes `< 0` and was written into .meta.json (then invalid JSON); above 2 the draws are near-uniform noise
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}] (0 = greedy; the OpenAI API's range), "
+                         f"got {temperature}")
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
 

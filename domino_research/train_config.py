@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import inspect
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -23,7 +24,7 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
            'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
-           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'CommandLine',
+           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'number_in', 'CommandLine',
            'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
@@ -60,10 +61,10 @@ class DFlashTrainConfig:
     grad_accumulation_steps: int = ranged(1, ">= 1")
     num_epochs: int = ranged(1, ">= 1")
     max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps
-    learning_rate: float = ranged(6e-4, "> 0")
+    learning_rate: float = ranged(6e-4, "(0, 10]")  # AdamW step size; above 10 every step overflows the weights
     adam_beta1: float = ranged(0.9, "[0, 1)")
     adam_beta2: float = ranged(0.95, "[0, 1)")
-    weight_decay: float = ranged(0.0, ">= 0")
+    weight_decay: float = ranged(0.0, "[0, 100]")  # decoupled: lr × weight_decay above 1 flips the weights' sign
     warmup_ratio: float = ranged(0.04, "[0, 1)")
     min_lr_ratio: float = ranged(0.1, "[0, 1]")  # cosine floor as a fraction of learning_rate
     max_grad_norm: float = ranged(1.0, "> 0")
@@ -72,7 +73,7 @@ class DFlashTrainConfig:
     shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
     shard_draft: bool = False                  # FSDP2-shard the draft's weights, grads, AdamW states (else DDP)
     on_nonfinite: Literal["stop", "skip"] = "stop"  # what to do with a window whose loss is NaN/inf
-    dist_timeout_minutes: float = ranged(30.0, "> 0")  # how long a rank waits in a collective for the others before failing
+    dist_timeout_minutes: float = ranged(30.0, "(0, 10080]")  # how long a rank waits for the others in a collective (≤ a week)
     # -- validation, checkpoints, logging
     eval_every_steps: Optional[int] = ranged(None, ">= 1", "or null for every epoch only")  # validate every N steps
     save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # None = only at the end
@@ -116,9 +117,9 @@ def _check(ok, key, msg):
 # %% ../nbs/09_train_config.ipynb #dce02c6c
 def check_run_name(name) -> str:
     "A run name is one plain folder name: the run directory, and everything ever deleted in it, stays inside `output_dir`."
-    plain = isinstance(name, str) and name not in ("", ".", "..") and not name.startswith(".") \
-            and not any(c in name for c in "/\\\0")
-    _check(plain, "run_name", f"must be one plain folder name such as 'demo' (got {name!r}); put parent folders in output_dir")
+    plain = isinstance(name, str) and re.fullmatch(r"\w[\w.+=@,-]*", name) is not None
+    _check(plain, "run_name", f"must be one plain folder name of letters, digits and . _ - + = @ , not starting with . or - "
+           f"such as 'demo' (got {name!r}); put parent folders in output_dir")
     _check(len(name.encode()) <= 200, "run_name", f"must be at most 200 bytes (got {len(name.encode())}); choose a shorter name")
     return name
 
@@ -128,6 +129,7 @@ def validate_train_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
     field's (`ranged`, `Literal`) and were checked when it was read; `check_ranges` repeats that for a config built in code."""
     check_ranges(cfg)
     check_run_name(cfg.run_name)
+    _check(str(cfg.output_dir).strip() != "", "output_dir", "is empty; name the folder that holds the runs (e.g. runs)")
     _check(not (cfg.overwrite and cfg.resume == "latest"), "overwrite",
            "cannot be combined with resume=latest: resume continues the run, overwrite replaces it; pass one of them")
     _check(cfg.train_data is not None, "train_data", "is required (a chat JSONL/parquet file or dataset name)")
@@ -198,7 +200,11 @@ def read_config_file(config) -> tuple[dict, str]:
     "The raw mapping of a YAML config (path or shipped name; None = no file) and where it came from."
     if config is None: return {}, "defaults"
     path = find_config(config)
-    try: raw = yaml_load(path.read_text()) or {}
+    try: raw = yaml_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        byte = e.object[e.start]
+        raise ConfigError(f"{path}: line {line}: byte {byte:#04x} is not UTF-8 text; save the file as UTF-8") from None
     except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({e})") from None
     except ConfigError as e: raise ConfigError(f"{path}: {e}") from None      # a duplicate key: the file, then its lines
     if not isinstance(raw, dict): raise ConfigError(f"{path}: expected a mapping of keys to values")
@@ -232,6 +238,16 @@ def parse_bool(text) -> bool:
     if t in _TRUE or t in _FALSE: return t in _TRUE
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
+# %% ../nbs/09_train_config.ipynb #24ac62c1
+def number_in(spec: str, tp=float):
+    "An argparse `type`: a finite number of type `tp` in range `spec` (`'(0, 1]'`, `'>= 1'`); NaN and inf are refused."
+    def parse(text):
+        try: v = tp(text)
+        except ValueError: raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not in_range(v, spec): raise argparse.ArgumentTypeError(f"must be {range_phrase(spec, v)}, got {text}")
+        return v
+    return parse
+
 # %% ../nbs/09_train_config.ipynb #ed2edbd7
 class CommandLine(argparse.ArgumentParser):
     "argparse with the package's conventions: defaults in --help, keys spelled out, unknown keys named with close valid ones."
@@ -254,6 +270,9 @@ class CommandLine(argparse.ArgumentParser):
                                  metavar="true|false", help=help)
 
     def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        if twice := _repeated_key(self, args):         # argparse keeps the last silently, as PyYAML did a duplicate key
+            self.error(f"{twice} is given twice; keep one of them (only one value can hold)")
         ns, extra = self.parse_known_args(args, namespace)
         if extra: self.error(self.unknown_message(extra))
         return ns
@@ -280,6 +299,19 @@ def _parsers(parser) -> list:
     "`parser` and every subcommand parser below it."
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return [parser] + [q for a in subs for p in a.choices.values() for q in _parsers(p)]
+
+# %% ../nbs/09_train_config.ipynb #0cca2d78
+def _repeated_key(parser, args: list[str]) -> str | None:
+    "The first single-valued `--key` of `parser` (or a subcommand's) that `args` gives twice, as `--key` or `--key=value`."
+    once = {o for p in _parsers(parser) for a in p._actions if not isinstance(a, (argparse._AppendAction, argparse._CountAction))
+            for o in a.option_strings}
+    seen = set()
+    for token in args[: args.index("--")] if "--" in args else args:
+        key = token.split("=", 1)[0]
+        if key not in once: continue                   # a value, or a key argparse will name as unknown
+        if key in seen: return key
+        seen.add(key)
+    return None
 
 # %% ../nbs/09_train_config.ipynb #46bf411e
 def signature_defaults(func) -> dict:
@@ -392,11 +424,26 @@ def _check_mapping(ns: dict, key: str, hints: dict, where: str):
     if (clash := sorted(set(value or {}) & set(hints))):
         raise ConfigError(f"{where}: {key!r} sets {clash}, which are parameters of this notebook: pass them with -p")
 
+# %% ../nbs/09_train_config.ipynb #e0cde2fa
+_KERNEL_NAMES = {"In", "Out", "exit", "quit", "get_ipython"}     # what IPython itself puts in a notebook's globals
+
+def _check_known(ns: dict, hints: dict, where: str):
+    """Refuse a parameter papermill injected that the parameters cell does not declare (`-p max_stepz 2`): papermill only
+    warns, and the run would go on with the default. Injected values are plain data; imports and functions are not."""
+    plain = (str, int, float, bool, list, dict, type(None))
+    unknown = sorted(k for k, v in ns.items() if not k.startswith("_") and k not in hints and k not in _KERNEL_NAMES
+                     and isinstance(v, plain))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(hints), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"the parameters are {', '.join(hints)}"
+        raise ConfigError(f"{where}: unknown parameter {unknown[0]!r}; {hint} (the parameters cell lists them all)")
+
 # %% ../nbs/09_train_config.ipynb #28a96042
 def check_params(ns: dict, where: str = "papermill", ranges: dict | None = None, mappings=(), paths=(), **types_) -> dict:
     """Check the parameters in `ns` (a notebook's `globals()`): types from its parameters cell's annotations (or
     `types_`), then `ranges`, `mappings` and `paths` (see above). Stores and returns the checked values."""
     hints = {**ns.get("__annotations__", {}), **types_}
+    _check_known(ns, hints, where)
     out = {k: _param_value(ns, k, tp, where) for k, tp in hints.items() if k in ns}
     ns.update(out)
     for key, spec in (ranges or {}).items():

@@ -19,7 +19,8 @@ def echo(n, body):
 class FakeServer:
     """`with FakeServer(script) as srv:` serves `srv.url`. `script(n, body)` says what the n-th chat request (from 0) gets:
     a dict (200, JSON), ("status", code), ("raw", bytes), "hang" (no answer until the server stops), "drop" (the connection
-    closed without a reply) or "cut" (half the reply, then closed). It stops by itself after `lifetime` seconds."""
+    closed without a reply), "cut" (half the reply, then closed) or ("drip", seconds) (the reply one byte every `seconds`).
+    It stops by itself after `lifetime` seconds."""
 
     def __init__(self, script=echo, models=None, latency=0.0, lifetime=60.0):
         self.script, self.latency, self.models = script, latency, models or {"data": [{"id": "fake"}]}
@@ -31,11 +32,18 @@ class FakeServer:
             protocol_version = "HTTP/1.1"
             def log_message(self, *a): pass
 
-            def send(self, code, data: bytes, cut=False):
+            def send(self, code, data: bytes, cut=False, drip=0.0):
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if drip:
+                    for i in range(len(data)):
+                        if fake.stopping.wait(drip): break
+                        self.wfile.write(data[i: i + 1])
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
                 self.wfile.write(data[: len(data) // 2] if cut else data)
                 self.close_connection = cut
 
@@ -60,6 +68,8 @@ class FakeServer:
                 elif what == "cut": self.send(200, json.dumps(echo(n, body)).encode(), cut=True)
                 elif isinstance(what, tuple) and what[0] == "status": self.send(what[1], b'{"error": {"message": "scripted"}}')
                 elif isinstance(what, tuple) and what[0] == "raw": self.send(200, what[1])
+                elif isinstance(what, tuple) and what[0] == "drip":
+                    self.send(200, json.dumps(echo(n, body)).encode(), drip=what[1])
                 else: self.send(200, json.dumps(what).encode())
 
         class Server(http.server.ThreadingHTTPServer):

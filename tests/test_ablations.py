@@ -136,3 +136,89 @@ def test_learning_rate_mistakes_fail_before_training(tiny, tmp_path):
         ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="dflash,domino", configs=configs, **params)
         assert error is not None and needle in str(error), (params, error)
     assert not (out / "runs").exists()
+
+
+def test_lookup_only_table_runs_to_its_end(tiny, tmp_path):
+    "`-p variants \"[ngram]\"` trains nothing, so no training curves are drawn: the display cell asked for them (a traceback)."
+    out = tmp_path / "abl"
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(out), variants="[ngram]", n_eval_prompts=2, max_new_tokens=8,
+                              prompts=str(tiny["root"] / "val.jsonl"), configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
+    assert error is None, error
+    assert (out / "tau.png").is_file() and not (out / "training_curves.png").exists()
+
+
+def test_seeds_or_budgets_that_are_not_integers_are_one_line(tiny, tmp_path):
+    "`-p seeds \"a,b\"` ended in int('a')'s traceback; now the parameter is named, before anything is trained."
+    from domino_research.config import ConfigError
+    out = tmp_path / "abl"
+    for key, value in (("seeds", "a,b"), ("seeds", "-1"), ("budgets", "10,x"), ("budgets", "[0]")):
+        ran, error = run_notebook("ablations.ipynb", out_dir=str(out), configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)),
+                                  **{key: value})
+        assert isinstance(error, ConfigError) and f"parameter '{key}' must list integers >= " in str(error), (key, error)
+    assert not out.exists()
+    ran, error = run_notebook("ablations.ipynb", out_dir=str(out), seeds="0,1", steps=1, variants="[ngram]",
+                              n_eval_prompts=1, max_new_tokens=4, prompts=str(tiny["root"] / "val.jsonl"),
+                              configs=yaml.safe_dump(tiny_configs(tiny, tmp_path)))
+    assert error is None and json.loads((out / "results.json").read_text())["meta"]["seeds"] == [0, 1], error
+
+
+def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path):
+    """Ctrl-C in `run_ablation(..., jobs=2)` with 4 runs queued: the two runs in flight stop, no queued run starts (its log
+    would appear), and the call returns within seconds. Before, the pool started the next queued run and waited for it."""
+    import signal, time
+    out = tmp_path / "abl"
+    script = (f"from domino_research.ablations import run_ablation\n"
+              f"run_ablation(['dflash', 'domino'], steps=1_000_000, seeds=[0, 1], out_dir={str(out)!r}, n_eval_prompts=1, "
+              f"max_new_tokens=4, prompts={str(tiny['root'] / 'val.jsonl')!r}, configs={tiny_configs(tiny, tmp_path)!r}, "
+              f"jobs=2, log=lambda m: print(m, flush=True))\n")
+    p = subprocess.Popen([sys.executable, "-c", script], env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)             # its own process group: Ctrl-C reaches the workers too
+    logs = lambda: sorted(q.relative_to(out).as_posix() for q in out.glob("runs/*/seed*.log"))
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and p.poll() is None and not (len(logs()) == 2 and all(
+                (out / q).stat().st_size > 0 for q in logs()) and list(out.glob("runs/*/seed*/metrics.jsonl"))):
+            time.sleep(0.5)
+        assert p.poll() is None and len(logs()) == 2, (logs(), p.poll())  # two runs training, two queued
+        time.sleep(2)
+        t0 = time.time()
+        os.killpg(p.pid, signal.SIGINT)                                 # what the terminal does on Ctrl-C
+        _, err = p.communicate(timeout=90)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode != 0 and "KeyboardInterrupt" in err or "interrupted" in err.lower(), err[-3000:]
+    assert len(logs()) == 2, f"a queued run started after Ctrl-C: {logs()}"
+    assert took < 30, f"returned {took:.0f} s after Ctrl-C"
+
+
+STUDY28 = REPO / "runs" / "ablations" / "study28"
+
+
+def _run_study(study, *args, cwd, timeout=240) -> subprocess.CompletedProcess:
+    "`python <study>/study.py args...` started in `cwd`; killed (and failed) past `timeout` seconds."
+    try:
+        return subprocess.run([sys.executable, str(study / "study.py"), *args], cwd=cwd, env=ENV, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"study.py {' '.join(args)} from {cwd} ran past {timeout} s: it started work anew") from None
+
+
+def test_study_py_resolves_its_folders_from_its_own_location(tmp_path):
+    """Study 28's commands from another folder: `rates` re-reads the finished sweep (it started the 15-run sweep there),
+    `latency` names the one run missing and the command that adds it (it called the complete table incomplete), and
+    `table x` is one line. A copy of the study (no weights, no plots) stands in for it."""
+    import shutil
+    study, elsewhere = tmp_path / "study28", tmp_path / "elsewhere"
+    shutil.copytree(STUDY28, study, ignore=shutil.ignore_patterns("*.safetensors", "*.png"))
+    elsewhere.mkdir()
+    r = _run_study(study, "rates", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert yaml.safe_load(r.stdout.strip().splitlines()[-1]) == json.loads((STUDY28 / "best_lr.json").read_text())
+    (study / "steps2880" / "runs" / "domino" / "seed1" / "result.json").unlink()
+    r = _run_study(study, "latency", cwd=elsewhere)
+    assert r.returncode != 0 and "is not complete (domino seed 1): run `python " in r.stderr, r.stderr[-3000:]
+    assert f"{study / 'study.py'} table 0,1,2` first" in r.stderr, r.stderr[-3000:]
+    r = _run_study(study, "table", "x", cwd=elsewhere)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "seeds must be integers >= 0" in r.stderr, r.stderr[-3000:]
+    assert not list(elsewhere.iterdir())                            # nothing was written where it was started

@@ -24,3 +24,29 @@ def test_papermill_reads_every_parameter(name):
     names = assigned_names(NBS / name)
     assert names, f"{name}: no annotated assignments in the parameters cell"
     assert list(pm.inspect_notebook(str(NBS / name))) == names
+
+
+def check_cells(nb_path: Path) -> tuple[str, str]:
+    "The source of the `parameters` cell and of the cell after it, which checks the parameters (`check_params`)."
+    cells = json.loads(nb_path.read_text())["cells"]
+    i = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    return "".join(cells[i]["source"]), "".join(cells[i + 1]["source"])
+
+
+def run_checks(name: str, injected: str) -> dict:
+    "What papermill does before the run starts: the parameters cell, the injected assignments, then the check cell."
+    params, checks = check_cells(NBS / name)
+    assert "check_params(" in checks and "globals()" in checks, f"{name}: the cell after the parameters no longer checks them"
+    ns = {}
+    for src in (params, injected, checks): exec(src, ns)
+    return ns
+
+
+@pytest.mark.parametrize("name, typo", [("train.ipynb", "max_stepz"), ("evaluate.ipynb", "n_eval_promtps"),
+                                        ("ablations.ipynb", "seedz")])
+def test_unknown_papermill_parameter_is_refused(name, typo):
+    "papermill only warns of `-p max_stepz 2` and the run goes on with the default: the check cell refuses it by name."
+    from domino_research.config import ConfigError
+    run_checks(name, "")                                       # the defaults pass
+    with pytest.raises(ConfigError, match=f"unknown parameter '{typo}'; did you mean"):
+        run_checks(name, f"{typo} = 2\n")

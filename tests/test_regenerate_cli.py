@@ -265,6 +265,32 @@ def test_server_fault_is_one_line_naming_the_url(capsys, fast_retries, tmp_path,
         assert srv.requests == requests
 
 
+def test_timeout_bounds_a_dripping_reply_in_total(capsys, tmp_path):
+    "A reply of ~70 bytes, one every 0.3 s (20 s in all): each read is quick, but `--timeout 2` ends the request at 2 s."
+    import time
+    data, out = chat_file(tmp_path / "data.jsonl", 1), tmp_path / "out.jsonl"
+    with FakeServer(lambda n, b: ("drip", 0.3), lifetime=40) as srv:
+        t0 = time.perf_counter()
+        code, _, err = cli_run(capsys, "--server", srv.url, "--data", data, "--out", out, "--timeout", 2)
+        took = time.perf_counter() - t0
+    assert_refused(code, err, f"--server {srv.url}/chat/completions: ", "no answer within --timeout 2 s")
+    assert took < 8, f"the request ran {took:.1f} s past --timeout 2"
+
+
+@pytest.mark.parametrize("flag, value, needle", [("--timeout", "inf", "--timeout must be a finite number of seconds"),
+                                                 ("--timeout", "1e300", "--timeout must be a finite number of seconds"),
+                                                 ("--temperature", "nan", "temperature must be a finite number in [0, 2]"),
+                                                 ("--temperature", "inf", "temperature must be a finite number in [0, 2]")])
+def test_absurd_timeout_or_temperature_is_one_line_and_writes_nothing(capsys, tmp_path, flag, value, needle):
+    "inf / 1e300 overflowed the socket's timer (a traceback); a NaN temperature was written into .meta.json, breaking it."
+    data, out = chat_file(tmp_path / "data.jsonl", 1), tmp_path / "out.jsonl"
+    with FakeServer(lifetime=20) as srv:
+        code, _, err = cli_run(capsys, "--server", srv.url, "--data", data, "--out", out, flag, value)
+        assert srv.requests == 0
+    assert_refused(code, err, needle)
+    assert not out.exists() and not out.with_name(out.name + ".meta.json").exists()
+
+
 def test_server_lists_no_model(capsys, tmp_path):
     with FakeServer(models={"data": []}, lifetime=20) as srv:
         code, _, err = cli_run(
