@@ -212,15 +212,15 @@ def _add_loss_parser(sub):
     d = signature_defaults(bench_loss)                                    # the defaults are the function's
     p = sub.add_parser("loss", help="memory and time of naive vs chunked dual CE (forward + backward)")
     p.add_argument("--tokens", type=_pos, default=d["tokens"], help="slots T = N·bs (128 blocks of 16)")
-    p.add_argument("--vocab", type=_pos, default=d["vocab"])
-    p.add_argument("--hidden", type=_pos, default=d["hidden"])
-    p.add_argument("--emb", type=_pos, default=d["emb"])
-    p.add_argument("--gru", type=_pos, default=d["gru"])
-    p.add_argument("--dtype", default=d["dtype"], choices=["float32", "bfloat16"])
+    p.add_argument("--vocab", type=_pos, default=d["vocab"], help="vocabulary size V (Qwen3: 151936)")
+    p.add_argument("--hidden", type=_pos, default=d["hidden"], help="hidden size H (Qwen3-8B: 4096)")
+    p.add_argument("--emb", type=_pos, default=d["emb"], help="rank E of the Domino head's logit correction")
+    p.add_argument("--gru", type=_pos, default=d["gru"], help="width G of the Domino head's GRU")
+    p.add_argument("--dtype", default=d["dtype"], choices=["float32", "bfloat16"], help="dtype of the hidden states and weights")
     p.add_argument("--device", default=d["device"], help="None: cuda if available, else cpu")
-    p.add_argument("--chunk_size", type=_pos, default=d["chunk_size"])
-    p.add_argument("--lambda_base", type=_fraction, default=d["lambda_base"])
-    p.add_argument("--repeats", type=_pos, default=d["repeats"])
+    p.add_argument("--chunk_size", type=_pos, default=d["chunk_size"], help="slots per chunk of the chunked loss")
+    p.add_argument("--lambda_base", type=_fraction, default=d["lambda_base"], help="λ, the base loss's weight in [0, 1]")
+    p.add_argument("--repeats", type=_pos, default=d["repeats"], help="timed forward + backward passes per variant")
     p.add_argument(
         "--variants",
         type=_variant_list,
@@ -438,7 +438,7 @@ def _add_data_parser(sub):
     p.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder ('embedded': the embedded target's)")
     p.add_argument("--num_proc", type=_pos, default=d["num_proc"], help="processes building the cache (None: min(8, CPUs))")
     p.add_argument("--legacy_rows", type=_pos, default=d["legacy_rows"], help="rows for today's path (None: all; it is slow)")
-    p.add_argument("--seq_length", type=_pos, default=d["seq_length"])
+    p.add_argument("--seq_length", type=_pos, default=d["seq_length"], help="tokens per row after truncation")
     p.add_argument(
         "--workdir", default=d["workdir"], help="where the temporary data and cache go (None: the system's temp folder)"
     )
@@ -554,7 +554,7 @@ def _add_decode_parser(sub):
     )
     p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
                    help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
-    p.add_argument("--max_new_tokens", type=_pos, default=d["max_new_tokens"])
+    p.add_argument("--max_new_tokens", type=_pos, default=d["max_new_tokens"], help="new tokens decoded per prompt")
     p.add_argument(
         "--candidate_k",
         type=_pos,

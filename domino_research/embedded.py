@@ -138,7 +138,7 @@ def main(argv=None):
     ap = CommandLine(prog="python -m domino_research.embedded", description="Verify the embedded default.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     v = sub.add_parser("verify", help="check sizes and sha256 of a build against its MANIFEST.json")
-    v.add_argument("--dir", type=Path, default=EMBEDDED_DIR)
+    v.add_argument("--dir", type=Path, default=EMBEDDED_DIR, help="the build folder to check (the shipped one by default)")
     a = ap.parse_args(argv)
     try:
         man = verify_manifest(a.dir)

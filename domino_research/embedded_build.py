@@ -557,19 +557,19 @@ def main(argv=None):
     d = signature_defaults(build_embedded)                                # the defaults are the function's
     b = CommandLine(prog="python -m domino_research.embedded_build",
                                 description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
-    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--out", required=True, type=Path, help="the folder to build into")
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
-    b.add_argument("--steps", type=int, default=d["steps"])
-    b.add_argument("--vocab_size", type=int, default=d["vocab_size"])
+    b.add_argument("--steps", type=int, default=d["steps"], help="the target's training steps")
+    b.add_argument("--vocab_size", type=int, default=d["vocab_size"], help="the tokenizer's vocabulary size")
     b.add_argument("--lr", type=number_in("(0, 1]"), default=d["lr"], help="AdamW's peak learning rate, in (0, 1]")
     b.add_argument(
         "--max_train_seconds", type=number_in("> 0"), default=d["max_train_seconds"],
         help="stop training early past this (shared machines)"
     )
-    b.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"])
+    b.add_argument("--max_new_tokens", type=int, default=d["max_new_tokens"], help="longest regenerated answer, in tokens")
     b.add_argument("--max_train_rows", type=int, default=d["max_train_rows"], help="regenerate at most this many training rows")
     b.add_argument("--stages", type=_stages, default=d["stages"], help=f"comma-separated subset of {','.join(STAGES)}")
-    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--threads", type=int, default=2, help="torch threads")
     b.add_flag("replace", False, help="build over a built target or a finished build in --out (refused otherwise)")
     a = b.parse_args(argv)
     for key, low in (("threads", 1), ("steps", 1), ("max_new_tokens", 1), ("vocab_size", 256 + len(SPECIAL_TOKENS))):

@@ -594,7 +594,12 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
 
 # %% ../nbs/12_regenerate.ipynb #eb69313d
 def _parse_args(argv=None):
-    p = CommandLine(prog="python -m domino_research.regenerate", description=regenerate.__doc__)
+    p = CommandLine(prog="python -m domino_research.regenerate",
+                    description="Replace every assistant turn of a chat data set with the target's own answer "
+                                "(greedy by default), "
+                                "as JSONL appended to --out: a run that stops resumes where it stopped. The target runs here "
+                                "(--target) or behind an OpenAI-compatible server (--server); --shard and --merge split the "
+                                "rows over machines.")
     p.add_argument(
         "--target", help="target model folder (or hub id), loaded with AutoModelForCausalLM (required unless --server or --merge)"
     )

@@ -24,68 +24,72 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
            'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
-           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'number_in', 'CommandLine',
-           'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
+           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'number_in', 'HelpFormatter',
+           'CommandLine', 'signature_defaults', 'field_comments', 'field_groups', 'train_parser', 'parse_train_args',
+           'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
 class DFlashTrainConfig:
-    recipe: str = "dflash"                     # "dflash" | "domino": which recipe class runs
+    # -- recipe
+    recipe: str = "dflash"                     # which recipe class runs: dflash (the backbone alone) or domino (with the head)
     # -- target and data
     target: str = "embedded"                   # local path or hub id of the frozen target; "embedded" = the shipped one
     trust_remote_code: bool = False            # run the Python a target folder ships (auto_map): only for code you have read
     train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
-    eval_data: Optional[str] = "embedded:validation"  # None disables validation
+    eval_data: Optional[str] = "embedded:validation"  # validation data, as train_data; null disables validation
     enable_thinking: bool = False              # chat template thinking mode (must match evaluation)
     seq_length: int = ranged(3072, ">= 1")  # tokens per sample after truncation
-    max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (None = all)
-    max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows
+    max_train_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on training rows (null: all)
+    max_eval_samples: Optional[int] = ranged(None, ">= 1", "or null for all rows")  # cap on validation rows (null: all)
     packing: bool = False                      # several conversations per row, kept apart (notebook 15)
     length_group_steps: int = ranged(1, ">= 0", "0 = off")  # optimiser steps whose rows are sorted by length together (nb 11)
-    data_cache_dir: Optional[str] = None       # tokenised data cache (None = <output_dir>/.data_cache)
+    data_cache_dir: Optional[str] = None       # tokenised data cache (null: <output_dir>/.data_cache)
     data_num_proc: Optional[int] = ranged(None, ">= 1", "or null for min(8, CPU count)")  # processes tokenising a new cache
     dataloader_num_workers: int = ranged(0, ">= 0", "0 reads batches in the training process")  # DataLoader worker processes
-    # -- draft
-    draft_num_hidden_layers: int = ranged(5, ">= 1")
+    # -- draft model
+    draft_num_hidden_layers: int = ranged(5, ">= 1")  # decoder layers of the draft backbone
     draft_intermediate_size: Optional[int] = ranged(None, ">= 1", "or null for the target's")  # MLP width of each draft layer
-    target_layer_ids: Optional[list[int]] = None  # None = default rule (`default_target_layer_ids`, notebook 00)
-    block_size: int = ranged(16, ">= 2")
+    target_layer_ids: Optional[list[int]] = None  # target layers whose hidden states the draft reads (null: notebook 00's rule)
+    block_size: int = ranged(16, ">= 2")  # tokens per draft block; a verify step checks up to block_size - 1 proposals
     mask_token_id: Optional[int] = ranged(None, ">= 0")  # required: a reserved row of the target's embedding table
     shift_label: bool = False                  # DFlash convention: slot k predicts x[a+k]
     num_anchors: int = ranged(512, ">= 1")  # blocks sampled per sample
-    loss_decay_gamma: Optional[float] = ranged(7.0, "> 0", "or null for no decay")  # None = no decay over slots
-    attention_backend: Literal["sdpa", "flex_attention"] = "sdpa"  # flex_attention: CUDA only
+    loss_decay_gamma: Optional[float] = ranged(7.0, "> 0", "or null for no decay")  # slot k's loss weight decays as exp(-k/γ)
+    attention_backend: Literal["sdpa", "flex_attention"] = "sdpa"  # the draft's attention kernel; flex_attention: CUDA only
     gradient_checkpointing: bool = False       # recompute the draft layers in backward: less activation memory, more compute
     # -- optimisation
-    micro_batch_size: int = ranged(1, ">= 1")
-    grad_accumulation_steps: int = ranged(1, ">= 1")
-    num_epochs: int = ranged(1, ">= 1")
-    max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps
+    micro_batch_size: int = ranged(1, ">= 1")  # samples per rank in one forward
+    grad_accumulation_steps: int = ranged(1, ">= 1")  # micro-batches per optimiser step
     learning_rate: float = ranged(6e-4, "(0, 10]")  # AdamW step size; above 10 every step overflows the weights
-    adam_beta1: float = ranged(0.9, "[0, 1)")
-    adam_beta2: float = ranged(0.95, "[0, 1)")
+    adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW β1, the first moment's decay
+    adam_beta2: float = ranged(0.95, "[0, 1)")  # AdamW β2, the second moment's decay
     weight_decay: float = ranged(0.0, "[0, 100]")  # decoupled: lr × weight_decay above 1 flips the weights' sign
-    warmup_ratio: float = ranged(0.04, "[0, 1)")
+    max_grad_norm: float = ranged(1.0, "> 0")  # gradients are clipped to this global norm
+    seed: int = ranged(0, "[0, 4294967295]")  # seeds the draft's initialisation, the data order and the anchors
+    # -- schedule
+    num_epochs: int = ranged(1, ">= 1")  # passes over the training data
+    max_steps: Optional[int] = ranged(None, ">= 1", "or null for num_epochs worth")  # cap on optimiser steps
+    warmup_ratio: float = ranged(0.04, "[0, 1)")  # fraction of the steps with a linear warmup of the learning rate
     min_lr_ratio: float = ranged(0.1, "[0, 1]")  # cosine floor as a fraction of learning_rate
-    max_grad_norm: float = ranged(1.0, "> 0")
-    seed: int = ranged(0, "[0, 4294967295]")
-    # -- runtime
-    shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
-    shard_draft: bool = False                  # FSDP2-shard the draft's weights, grads, AdamW states (else DDP)
-    on_nonfinite: Literal["stop", "skip"] = "stop"  # what to do with a window whose loss is NaN/inf
-    dist_timeout_minutes: float = ranged(30.0, "(0, 10080]")  # how long a rank waits for the others in a collective (≤ a week)
-    # -- validation, checkpoints, logging
+    # -- evaluation
     eval_every_steps: Optional[int] = ranged(None, ">= 1", "or null for every epoch only")  # validate every N steps
-    save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # None = only at the end
-    keep_checkpoints: int = ranged(2, ">= 1")
-    output_dir: str = "runs"
-    run_name: str = "run"
+    n_eval_prompts: int = ranged(0, ">= 0")  # >0: speculative-decoding evaluation on that many test prompts at the end
+    decode_max_new_tokens: int = ranged(128, ">= 1")  # new tokens per prompt in that evaluation
+    decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (null: the embedded test split)
+    # -- run: folders, checkpoints, logging
+    output_dir: str = "runs"                   # the folder holding the runs
+    run_name: str = "run"                      # the run's own folder inside output_dir
     resume: Optional[str] = None               # "latest" or a checkpoint dir
     overwrite: bool = False                    # allow reusing an existing run dir without resume
+    save_every_steps: Optional[int] = ranged(None, ">= 1", "or null for the end only")  # checkpoint every N steps
+    keep_checkpoints: int = ranged(2, ">= 1")  # checkpoints kept; the oldest is deleted once a newer one has saved
     wandb_project: Optional[str] = None        # log through accelerate's wandb tracker when set
-    n_eval_prompts: int = ranged(0, ">= 0")  # >0: speculative-decoding evaluation on that many test prompts at the end
-    decode_max_new_tokens: int = ranged(128, ">= 1")
-    decode_prompts: Optional[str] = None       # prompts JSONL for that evaluation (None = the embedded test split)
+    # -- parallelism and faults
+    shard_target: bool = False                 # FSDP2-shard the target's decoder layers across ranks (when it does not fit)
+    shard_draft: bool = False                  # FSDP2-shard the draft's weights, grads, AdamW states (else DDP)
+    dist_timeout_minutes: float = ranged(30.0, "(0, 10080]")  # how long a rank waits for the others in a collective (≤ a week)
+    on_nonfinite: Literal["stop", "skip"] = "stop"  # what to do with a window whose loss is NaN/inf
 
     @property
     def run_dir(self) -> Path: return Path(self.output_dir).expanduser() / self.run_name
@@ -96,13 +100,14 @@ class DominoTrainConfig(DFlashTrainConfig):
     recipe: str = "domino"
     num_anchors: int = ranged(256, ">= 1")
     shift_label: bool = True                   # Domino recipe: slot k predicts x[a+1+k]
+    # -- Domino head
     emb_dim: int = ranged(256, ">= 1")  # E, rank of the logit correction
     gru_hidden_dim: int = ranged(1024, ">= 1")  # G, width of the prefix GRU
     pure_draft_prefix_len: int = ranged(1, ">= 0")  # first p slots keep uncorrected base logits
-    lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0 of the base-loss curriculum
+    # -- Domino λ curriculum
+    lambda_base_start: float = ranged(1.0, "[0, 1]")  # λ0, the base loss's weight at the first step
     lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
-    # λ is 0 after this many steps
-    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")
+    lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")  # λ is 0 after N steps
 
 # %% ../nbs/09_train_config.ipynb #8cd30412
 import domino_research
@@ -249,17 +254,45 @@ def number_in(spec: str, tp=float):
     return parse
 
 # %% ../nbs/09_train_config.ipynb #ed2edbd7
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's default once, after its help (not when the help already says it, nor `None`, whose meaning the help
+    gives); `(required)` for a required option; lines wrapped between words only (a long default is not cut mid-word)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required: return text if "required" in text else f"{text} (required)".lstrip()
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or not action.option_strings: return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_long_words=False, break_on_hyphens=False)
+
+
+class _Subcommands(argparse._SubParsersAction):
+    "A subcommand's one-line `help` is also the description its own `--help` starts with."
+    def add_parser(self, name, **kw):
+        if "help" in kw: kw.setdefault("description", kw["help"])
+        return super().add_parser(name, **kw)
+
+
 class CommandLine(argparse.ArgumentParser):
     "argparse with the package's conventions: defaults in --help, keys spelled out, unknown keys named with close valid ones."
 
     def __init__(self, *args, renamed: dict | None = None, **kw):
-        kw.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kw.setdefault("formatter_class", HelpFormatter)
         kw.setdefault("allow_abbrev", False)
         super().__init__(*args, **kw)
+        self.register("action", "parsers", _Subcommands)
         self.renamed = renamed or {}
 
     def add_argument(self, *args, **kw):
-        "As argparse's, but an option without help still shows its default (argparse shows a default only beside help)."
+        "As argparse's, but an option without help still shows its default (argparse shows nothing without help)."
         if kw.get("help") is None and not kw.get("required") and kw.get("default") is not argparse.SUPPRESS:
             kw["help"] = "(default: %(default)s)"
         return super().add_argument(*args, **kw)
@@ -330,14 +363,26 @@ def arguments_from(self: CommandLine, func, helps: dict, types: dict | None = No
     return self
 
 # %% ../nbs/09_train_config.ipynb #7c784f85
-def field_comments(cls) -> dict:
-    "The `# comment` after each field of dataclass `cls` (and its bases): its help on the command line."
-    out = {}
+def _field_lines(cls):
+    "(group, field name, comment) for each field line of dataclass `cls` and its bases, bases first; `# -- ` heads a group."
     for klass in reversed(cls.__mro__[:-1]):
         try: lines = inspect.getsource(klass).splitlines()
         except (OSError, TypeError): continue          # defined where no source is kept (a notebook cell): no help text
+        group = None
         for line in lines:
-            if m := re.match(r"\s+(\w+):[^#]*#\s*(.+)$", line): out[m[1]] = m[2].strip()
+            if m := re.match(r"\s+# -- (.+)$", line): group = m[1].strip()
+            elif m := re.match(r"\s+(\w+):[^#=]*=[^#]*(?:#\s*(.+))?$", line): yield group, m[1], (m[2] or "").strip()
+
+
+def field_comments(cls) -> dict:
+    "The `# comment` after each field of dataclass `cls` (and its bases): its help on the command line."
+    return {name: comment for _, name, comment in _field_lines(cls) if comment}
+
+
+def field_groups(cls) -> dict:
+    "The `# -- group` each field of `cls` is declared under; a subclass's override keeps its base's group."
+    out = {}
+    for group, name, _ in _field_lines(cls): out.setdefault(name, group)
     return out
 
 # %% ../nbs/09_train_config.ipynb #62b663f3
@@ -357,20 +402,34 @@ def _text_value(text: str): return None if text == "null" else text
 
 # %% ../nbs/09_train_config.ipynb #54b2de54
 def train_parser(config=None) -> CommandLine:
-    "The training command line: `--config` and one `--key` per config field, with `config`'s values as the defaults shown."
+    "The training command line: `--config` and one `--key` per config field, grouped, with `config`'s values as defaults."
     raw = _raw_or_empty(config)
     cls = RECIPE_CONFIGS.get(raw.get("recipe", "dflash"), DFlashTrainConfig) if config else DominoTrainConfig
     shown = {**{f.name: f.default for f in dataclasses.fields(cls)}, **raw}
+    whose = f"the config's ({config})" if config else "the Domino recipe's built-in ones; --config NAME --help shows a config's"
     p = CommandLine(prog="python -m domino_research.train", usage="%(prog)s --config CONFIG.yaml|NAME [--key value ...]",
-                    renamed=RENAMED_KEYS, formatter_class=argparse.HelpFormatter,
+                    renamed=RENAMED_KEYS,
                     description=f"Train a draft. Shipped configs: {', '.join(shipped_configs())}. Every key overrides the "
-                                "config's value (null for None); the defaults shown are the config's.")
+                                f"config's value (null for None). The defaults shown are {whose}.")
     p.add_argument("--config", help="a YAML file or the name of a shipped config (required)")
-    comments = field_comments(DominoTrainConfig)
+    comments, groups = field_comments(DominoTrainConfig), field_groups(DominoTrainConfig)
+    sections = {}
     for f in dataclasses.fields(DominoTrainConfig):  # a Domino key in a DFlash run is refused by the config, by name
-        default = f"default: {shown[f.name]!r}" if f.name in shown else "Domino recipe only"
-        _add_key(p, f, f"{comments.get(f.name, '')} ({default})".lstrip().replace("%", "%%"))
+        group = groups.get(f.name)                    # none where the class has no source (defined in a notebook)
+        if group and group not in sections: sections[group] = p.add_argument_group(group)
+        default = "Domino recipe only" if f.name not in shown else "" if shown[f.name] is None else f"default: {shown[f.name]!r}"
+        text = f"{comments.get(f.name, '')}{_allowed(f)}" + (f" ({default})" if default else "")
+        _add_key(sections.get(group, p), f, text.replace("%", "%%"))
     return p
+
+
+def _allowed(f: dataclasses.Field) -> str:
+    "What values key `f` takes, for its help: its range, or its choices."
+    if spec := f.metadata.get("range"):
+        note = f.metadata.get("range_note", "")
+        return f"; {range_phrase(spec, f.default if f.default is not None else 0)}{', ' + note if note else ''}"
+    if m := re.fullmatch(r"Literal\[(.+)\]", str(f.type)): return f"; one of {m[1]}"
+    return ""
 
 # %% ../nbs/09_train_config.ipynb #97befb86
 def _raw_or_empty(config) -> dict:
@@ -379,7 +438,7 @@ def _raw_or_empty(config) -> dict:
     except ConfigError: return {}
 
 # %% ../nbs/09_train_config.ipynb #2f7df3d9
-def _add_key(p: CommandLine, f: dataclasses.Field, help: str):
+def _add_key(p, f: dataclasses.Field, help: str):
     "`--key VALUE` for config field `f` (only when given: the file's value stays otherwise); a boolean alone is true."
     if f.type in ("bool", bool):
         p.add_argument(f"--{f.name}", nargs="?", const=True, type=_yaml_value, default=argparse.SUPPRESS,

@@ -28,7 +28,8 @@ def test_train_help_lists_every_key_with_the_configs_default(capsys):
     flat = " ".join(out.split())
     assert code == 0
     for f in dataclasses.fields(DominoTrainConfig): assert f"--{f.name} " in flat, f.name
-    assert "E, rank of the logit correction (default: 64)" in flat, flat   # the comment; the config's value, not the class's 256
+    # the comment, its range and the config's value, not the class's 256
+    assert "E, rank of the logit correction; >= 1 (default: 64)" in flat, flat
     code, out, _ = _exit(capsys, cli, ["--help"])                   # without --config: the dataclass defaults
     assert code == 0 and "(default: 0.0006)" in " ".join(out.split())
 
@@ -41,7 +42,7 @@ def test_regenerate_and_bench_help_show_defaults(capsys):
     assert re.search(r"--max_new_tokens MAX_NEW_TOKENS [^-]*\(default: 512\)", flat), flat       # the function's defaults
     assert re.search(r"--batch_size BATCH_SIZE [^(]*\(with --server: rows per fsync\) \(default: 8\)", flat), flat
     _, out, _ = _exit(capsys, bench, ["decode", "--help"])
-    assert "--max_new_tokens MAX_NEW_TOKENS (default: 128)" in " ".join(out.split())
+    assert "--max_new_tokens MAX_NEW_TOKENS new tokens decoded per prompt (default: 128)" in " ".join(out.split())
 
 
 def test_a_flag_alone_or_with_true_false_in_two_commands():
@@ -85,3 +86,36 @@ def test_a_renamed_yaml_key_names_its_new_name(tiny, tmp_path, capsys):
     line = _one_error_line(*_exit(capsys, cli, ["--config", str(cfg)])[::2])
     assert f"{cfg}: key 'decode_eval_prompts' was renamed to 'n_eval_prompts'" in line, line
     assert not (tmp_path / "runs").exists()
+
+
+# every command and subcommand a user runs, as (module entry, argv before --help)
+COMMANDS = [("train", "cli", ["--config", "embedded_domino"]), ("train", "cli", []),
+            *[("bench", "main", [sub]) for sub in ("loss", "decode", "data", "memory")],
+            ("regenerate", "_parse_args", []), ("data", "main", ["build"]), ("embedded", "main", ["verify"]),
+            ("embedded_build", "main", []), ("gpu_check", "_parse_args", [])]
+
+
+@pytest.mark.parametrize("module, entry, argv", COMMANDS, ids=lambda x: x if isinstance(x, str) else " ".join(x) or "-")
+def test_every_help_teaches(capsys, module, entry, argv):
+    """Every command's --help: a description of its own (no docstring), every option explained, a default shown once and
+    never `None`, `(required)` for a required option, and no word cut at a line break."""
+    import importlib
+    code, out, _ = _exit(capsys, getattr(importlib.import_module(f"domino_research.{module}"), entry), argv + ["--help"])
+    assert code == 0
+    head, _, options = out.partition("options:")
+    description = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+    assert description.strip() and "`" not in description and "Returns" not in description, f"no description:\n{out}"
+    entries = re.split(r"\n  (?=-)", options)[1:]                    # one entry per option
+    assert entries, out
+    for entry in entries:
+        flag, _, text = entry.strip().partition(" ")
+        text = " ".join(text.split())
+        if flag in ("-h,", "-h"): continue
+        assert re.search(r"[a-z]{3}", text.split("(default")[0]), f"{flag} has no description: {entry!r}"
+        assert text.count("(default") <= 1 and "(default: None)" not in text, f"{flag}: {entry!r}"
+    words = set(re.findall(r"[A-Za-z_]{4,}", " ".join(out.split())))
+    for line in out.splitlines():                                     # a word cut at the end of a line leaves a fragment
+        tail = re.search(r"([A-Za-z_]{2,})$", line)
+        nxt = out.splitlines()[out.splitlines().index(line) + 1] if line != out.splitlines()[-1] else ""
+        head2 = re.match(r"\s*([a-z_]{2,})", nxt)
+        if tail and head2 and (tail[1] + head2[1]) in words and tail[1] not in words: pytest.fail(f"cut word: {line!r}")
