@@ -78,13 +78,13 @@ class Eagle3Attention(nn.Module):
         q, k, v = (p(x).view(B, Q, -1, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         return _rope(q, cos, sin), _rope(k, cos, sin), v
 
-# %% ../nbs/20_eagle3.ipynb #e1861007
+# %% ../nbs/20_eagle3.ipynb #52349215
 def _kv_heads(t: Tensor, heads: int) -> Tensor:
     "`[B, nkv, ..., d]` → `[B, heads, ..., d]`: each KV head serves heads // nkv query heads (GQA)."
     return t.repeat_interleave(heads // t.shape[1], dim=1)
 
 def ttt_attention(q: Tensor,              # [B, nh, Q, d]
-                  keys: list[Tensor],     # [0]: the context [B, nkv, K0, d]; [j>=1]: step j at each query's position [B, nkv, Q, d]
+                  keys: list[Tensor],     # [0] context [B, nkv, K0, d]; [j>=1] step j, at the query position [B, nkv, Q, d]
                   values: list[Tensor],   # like keys
                   mask: Tensor,           # Bool [B or 1, 1, Q, K0]: which context keys each query sees
                   scale: float) -> Tensor:  # [B, nh, Q, d]
