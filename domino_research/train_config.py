@@ -22,9 +22,10 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
-           'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
-           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'CommandLine',
-           'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
+           'Eagle3TrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs',
+           'Yaml12Loader', 'yaml_load', 'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool',
+           'CommandLine', 'signature_defaults', 'field_comments', 'train_parser', 'parse_train_args', 'check_params',
+           'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
@@ -101,12 +102,21 @@ class DominoTrainConfig(DFlashTrainConfig):
     # λ is 0 after this many steps
     lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")
 
+# %% ../nbs/09_train_config.ipynb #b4c6e528
+@dataclass
+class Eagle3TrainConfig(DFlashTrainConfig):
+    recipe: str = "eagle3"
+    draft_num_hidden_layers: int = ranged(1, "[1, 1]", "EAGLE-3 drafts with one decoder layer")  # EAGLE-3: one layer
+    mask_token_id: Optional[int] = ranged(0, ">= 0")  # not read by EAGLE-3 (it has no mask token)
+    ttt_steps: int = ranged(7, ">= 1")  # K: training-time-test steps, the draft unrolled on its own outputs
+    ttt_loss_decay: float = ranged(0.8, "(0, 1]")  # step k's loss weight is ttt_loss_decay ** k
+
 # %% ../nbs/09_train_config.ipynb #8cd30412
 import domino_research
 
 CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
 
-RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
+RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig, "eagle3": Eagle3TrainConfig}
 
 def _check(ok, key, msg):
     if not ok: raise ConfigError(f"{key}: {msg}")
@@ -321,6 +331,14 @@ def _yaml_value(text: str):
 # %% ../nbs/09_train_config.ipynb #5e00c0c4
 def _text_value(text: str): return None if text == "null" else text
 
+# %% ../nbs/09_train_config.ipynb #5dfe7ddd
+def _every_key() -> list[tuple[dataclasses.Field, str]]:
+    "Each key of every recipe once, in declaration order (DFlash's first), with the recipes that have it."
+    out = {}
+    for recipe, cls in RECIPE_CONFIGS.items():
+        for f in dataclasses.fields(cls): out.setdefault(f.name, (f, []))[1].append(recipe)
+    return [(f, " and ".join(recipes)) for f, recipes in out.values()]
+
 # %% ../nbs/09_train_config.ipynb #54b2de54
 def train_parser(config=None) -> CommandLine:
     "The training command line: `--config` and one `--key` per config field, with `config`'s values as the defaults shown."
@@ -332,9 +350,9 @@ def train_parser(config=None) -> CommandLine:
                     description=f"Train a draft. Shipped configs: {', '.join(shipped_configs())}. Every key overrides the "
                                 "config's value (null for None); the defaults shown are the config's.")
     p.add_argument("--config", help="a YAML file or the name of a shipped config (required)")
-    comments = field_comments(DominoTrainConfig)
-    for f in dataclasses.fields(DominoTrainConfig):  # a Domino key in a DFlash run is refused by the config, by name
-        default = f"default: {shown[f.name]!r}" if f.name in shown else "Domino recipe only"
+    comments = {**field_comments(Eagle3TrainConfig), **field_comments(DominoTrainConfig)}
+    for f, recipes in _every_key():  # another recipe's key in this run is refused by the config, by name
+        default = f"default: {shown[f.name]!r}" if f.name in shown else f"{recipes} recipe only"
         _add_key(p, f, f"{comments.get(f.name, '')} ({default})".lstrip().replace("%", "%%"))
     return p
 
