@@ -643,6 +643,9 @@ class TrainEagle3Recipe(TrainDFlashRecipe):
         if cfg.attention_backend != "sdpa":
             raise ConfigError("attention_backend: EAGLE-3's training-time-test attention is written in torch (notebook 20) "
                               f"and takes no FlexAttention mask (got {cfg.attention_backend!r}); use sdpa")
+        if cfg.draft_num_hidden_layers != 1:
+            raise ConfigError(f"draft_num_hidden_layers: an EAGLE-3 draft has one decoder layer (got "
+                              f"{cfg.draft_num_hidden_layers}); set it to 1")
         if cfg.gradient_checkpointing:
             raise ConfigError("gradient_checkpointing: not implemented for the one-layer EAGLE-3 draft; set it to false")
         if cfg.n_eval_prompts > 0:

@@ -106,7 +106,7 @@ class DominoTrainConfig(DFlashTrainConfig):
 @dataclass
 class Eagle3TrainConfig(DFlashTrainConfig):
     recipe: str = "eagle3"
-    draft_num_hidden_layers: int = ranged(1, "[1, 1]", "EAGLE-3 drafts with one decoder layer")  # EAGLE-3: one layer
+    draft_num_hidden_layers: int = ranged(1, ">= 1")  # EAGLE-3: one decoder layer (the recipe refuses more)
     mask_token_id: Optional[int] = ranged(0, ">= 0")  # not read by EAGLE-3 (it has no mask token)
     ttt_steps: int = ranged(7, ">= 1")  # K: training-time-test steps, the draft unrolled on its own outputs
     ttt_loss_decay: float = ranged(0.8, "(0, 1]")  # step k's loss weight is ttt_loss_decay ** k
