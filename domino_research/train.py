@@ -34,6 +34,7 @@ from .plots import plot_training
 from .data import ChatDataError, cached_chat_dataset, check_has_anchors, collate_chat, epoch_order, idle_blocks
 from .regenerate import check_data_thinking, target_fingerprint
 from .export import describe_run_draft
+from .export import _read_figures, export_eagle3_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
 from domino_research.lifecycle import (
@@ -679,8 +680,13 @@ class TrainEagle3Recipe(TrainDFlashRecipe):
         return bool(ttt_targets(batch["input_ids"], batch["loss_mask"], 1, 1.0, batch.get("position_ids"))[1].any())
 
     def describe_draft(self):
-        "The EAGLE-3 draft folder keeps its config.json and weights as saved (its own card: notebook 31's export)."
-        return self.cfg.run_dir / "draft"
+        "The run's draft exported beside it as SGLang and SpecForge load it (`served/`, notebook 31), with its model card."
+        c = self.cfg
+        record = {"target": c.target, "target_fingerprint": getattr(self, "target_fingerprint", None), "data": c.train_data,
+                  **{k: getattr(c, k) for k in ("recipe", "seq_length", "ttt_steps", "ttt_loss_decay", "block_size",
+                                                "micro_batch_size", "grad_accumulation_steps", "learning_rate", "seed")},
+                  **_read_figures(c.run_dir / "summary.json", ("eval/", "step"))}
+        return export_eagle3_draft(c.run_dir / "draft", c.run_dir / "served", self.target, record)
 
 # %% ../nbs/34_train.ipynb #a95b9e7a
 RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe, "eagle3": TrainEagle3Recipe}

@@ -50,6 +50,10 @@ def test_cli_trains_checkpoints_and_resumes_bitwise(base, tmp_path, monkeypatch)
     assert "midlayer.self_attn.q_proj.weight" in a and "fc.weight" in a and a["fc.weight"].shape[1] == 3 * 32
     config = json.loads((straight / "draft" / "config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    from domino_research.export import load_eagle3_export               # the serving export, read back without code
+    served = load_eagle3_export(straight / "served")
+    for k, v in served.state_dict().items(): assert torch.equal(v, a[k]), k
+    assert "eval/loss" in json.loads((straight / "served" / "config.json").read_text())["domino_research"]
 
     resumed = _cut_after_step_2(straight, "resumed")
     p = train_cli(cfg, "--run_name", "resumed", "--resume", "latest")
