@@ -460,8 +460,8 @@ def export_eagle3_draft(draft_dir, out_dir, target, metadata: dict | None = None
                           f"(vocab, hidden) = {(V, H)}: export with the target the draft was trained on")
     tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items() if not k.startswith("rotary_emb")}
     dtype = draft.fc.weight.dtype
-    tensors.update({"embed_tokens.weight": emb.detach().to(dtype).contiguous(),
-                    "lm_head.weight": head.detach().to(dtype).contiguous(),
+    tensors.update({"embed_tokens.weight": emb.detach().to(dtype).clone(),        # clones: a tied target shares one
+                    "lm_head.weight": head.detach().to(dtype).clone(),
                     "d2t": torch.zeros(V, dtype=torch.int64), "t2d": torch.ones(V, dtype=torch.bool)})
     assert sorted(tensors) == EAGLE3_EXPORT_KEYS, sorted(tensors)
     out = Path(out_dir)
