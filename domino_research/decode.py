@@ -21,7 +21,8 @@ __all__ = ['MAX_VERIFY_WIDTH', 'decoder_layers', 'LayerCapture', 'crop_cache', '
            'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer',
            'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout',
            'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
-           'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate']
+           'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate', 'check_eagle3_fits',
+           'Eagle3Proposer', 'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -420,3 +421,69 @@ def ngram_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), pr
                             num_speculative_tokens, temperature, timer)
     return speculative_loop(target, propose, input_ids, max_new_tokens, num_speculative_tokens + 1, [],
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+
+# %% ../nbs/30_decode.ipynb #e894aded
+from .eagle3 import Eagle3Cache, Eagle3DraftModel
+
+def check_eagle3_fits(draft: Eagle3DraftModel, target) -> list[int]:
+    "Raise ConfigError naming the mismatch if the EAGLE-3 `draft` cannot decode with `target`; returns its fused layers."
+    tc, ids = target.config.get_text_config(), draft.target_layer_ids
+    if any(not 0 <= i < tc.num_hidden_layers for i in ids):
+        raise ConfigError(f"EAGLE-3 draft fuses target layers {ids}, outside the target's {tc.num_hidden_layers} layers")
+    if draft.config.hidden_size != tc.hidden_size:
+        raise ConfigError(f"draft hidden_size {draft.config.hidden_size} != target hidden_size {tc.hidden_size}")
+    if draft.config.vocab_size != tc.vocab_size:
+        raise ConfigError(f"draft vocab_size {draft.config.vocab_size} != target vocab_size {tc.vocab_size}")
+    return ids
+
+# %% ../nbs/30_decode.ipynb #b27fa480
+class Eagle3Proposer:
+    "Proposal function for `speculative_loop` backed by an EAGLE-3 draft: a chain of `block_size - 1` one-step proposals."
+    def __init__(self, draft: Eagle3DraftModel, target, block_size: int, timer: StepTimer | None = None,
+                 temperature: float = 0.0, generator: torch.Generator | None = None):
+        self.draft, self.bs, self.timer = draft, block_size, timer or StepTimer()
+        self.temperature, self.generator = temperature, generator
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.cache, self.dev = Eagle3Cache(), _device(draft)
+
+    def _logits(self, h):
+        z = self.draft.logits_input(h[0, -1])                                              # [H]
+        return self.lm_head(z.to(self.lm_head.weight.dtype))                               # [V]
+
+    def __call__(self, ctx, anchor: int, start: int, tokens):
+        C, dev, sampled = ctx.shape[1], self.dev, self.temperature > 0
+        if self.cache.length != start - C:
+            raise RuntimeError(f"draft cache holds {self.cache.length} positions, context starts at {start - C}")
+        props, qs = [], []
+        with self.timer("draft"):
+            nxt = torch.tensor([tokens[start - C + 1: start + 1]], device=dev)             # x[s+1] for the new s
+            pos = torch.arange(start - C, start, device=dev)[None]
+            h = self.draft.extend(self.embed(nxt), self.draft.project(ctx.to(dev)), pos, self.cache)[:, -1:]
+            for j in range(1, self.bs):
+                logits = self._logits(h)
+                if sampled:
+                    qs.append(token_probs(logits, self.temperature))
+                    props.append(sample_from(qs[-1], self.generator))
+                else: props.append(int(logits.argmax()))
+                if j < self.bs - 1:                                                        # step j on (d_j, h^{j-1})
+                    e = self.embed(torch.tensor([[props[-1]]], device=dev))
+                    h = self.draft.extend(e, h, torch.tensor([[start - 1 + j]], device=dev), self.cache)
+            self.cache.crop(start)                                                         # keep the context only
+        return (props, torch.stack(qs)) if sampled else props
+
+# %% ../nbs/30_decode.ipynb #9f961b35
+@torch.no_grad()
+def eagle3_generate(target, draft: Eagle3DraftModel, input_ids, max_new_tokens: int, stop_token_ids=(),
+                    block_size: int | None = None, timer: StepTimer | None = None, temperature: float = 0.0,
+                    generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+    """Speculative decoding with an EAGLE-3 draft (batch 1), blocks of `block_size` (the draft config's unless given).
+    Greedy: the tokens of `greedy_generate`; sampled: the distribution of `sample_generate`. Plus acceptance statistics."""
+    _check_temperature(temperature)
+    ids = check_eagle3_fits(draft, target)
+    bs = block_size or getattr(draft.config, "block_size", None)
+    if not isinstance(bs, int) or bs < 2: raise ValueError(f"block_size must be an integer >= 2, got {bs!r}")
+    timer = timer or StepTimer()
+    if temperature > 0 and generator is None: generator = torch.Generator().manual_seed(0)
+    propose = Eagle3Proposer(draft, target, bs, timer=timer, temperature=temperature, generator=generator)
+    return speculative_loop(target, propose, input_ids, max_new_tokens, bs, ids, stop_token_ids=stop_token_ids,
+                            timer=timer, temperature=temperature, generator=generator)

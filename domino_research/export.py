@@ -22,10 +22,11 @@ from .data import chat_cache_key
 from .embedded import resolve_data_path
 
 # %% auto #0
-__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'draft_weight_names', 'read_draft_config',
-           'read_safetensors_header', 'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source',
-           'model_card', 'generation_config', 'describe_draft', 'export_config', 'check_export_dir', 'export_draft',
-           'push_draft', 'serving_problems', 'describe_run_draft']
+__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS', 'EAGLE3_EXPORT_KEYS',
+           'draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
+           'find_draft_dir', 'modeling_source', 'model_card', 'generation_config', 'describe_draft', 'export_config',
+           'check_export_dir', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft',
+           'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -449,3 +450,107 @@ def describe_run_draft(cfg, recipe=None) -> Path:
             "validation": _read_figures(cfg.run_dir / "summary.json", ("eval/", "step")),
             "decode": _read_figures(cfg.run_dir / "eval.json")}
     return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
+
+# %% ../nbs/31_export.ipynb #1cda9794
+import os
+import shutil
+
+from .eagle3 import Eagle3DraftModel, _check_layer_ids, draft_layer_ids
+
+EAGLE3_LAYER_KEYS = ([f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
+                     + [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+                     + [f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")])
+EAGLE3_EXPORT_KEYS = sorted(["fc.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
+                             *EAGLE3_LAYER_KEYS])
+
+def eagle3_serving_config(draft: Eagle3DraftModel, metadata: dict | None = None) -> dict:
+    "The `config.json` of an exported EAGLE-3 draft: SGLang's and SpecForge's `LlamaForCausalLMEagle3`."
+    c, rope = draft.config, dict(getattr(draft.config, "rope_parameters", None) or {})
+    scaling = None if rope.get("rope_type", "default") == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "hidden_act": c.hidden_act,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": float(c.rope_theta), "rope_scaling": scaling,
+            "max_position_embeddings": c.max_position_embeddings, "attention_bias": False, "tie_word_embeddings": False,
+            "vocab_size": c.vocab_size, "draft_vocab_size": c.vocab_size, "target_hidden_size": c.hidden_size,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": draft_layer_ids(c)}, "block_size": c.block_size,
+            "num_target_layers": c.num_target_layers, "torch_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
+            **({"domino_research": metadata} if metadata else {})}
+
+# %% ../nbs/31_export.ipynb #d1f14067
+def _eagle3_card(cfg: dict, out: Path) -> str:
+    ids, bs = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"], cfg["block_size"]
+    record = cfg.get("domino_research", {})
+    rows = "".join(f"| {k} | {v} |\n" for k, v in sorted(record.items()) if not isinstance(v, dict))
+    return (f"# EAGLE-3 draft\n\nAn EAGLE-3 draft (arXiv:2503.01840) trained with domino_research: one decoder layer (hidden "
+            f"{cfg['hidden_size']}, MLP {cfg['intermediate_size']}) over the fused outputs of target layers {ids}, unrolled "
+            f"{record.get('ttt_steps', 'K')} steps on its own outputs in training. It uses the target's vocabulary and LM head "
+            f"(`draft_vocab_size` = `vocab_size`, identity `d2t`).\n\n## Serve with SGLang\n\n```\npython -m "
+            f"sglang.launch_server --model <target> --speculative-algorithm EAGLE3 --speculative-draft-model-path {out} "
+            f"--speculative-num-steps {bs - 1} --speculative-eagle-topk 1 --speculative-num-draft-tokens {bs}\n```\n\n"
+            f"## Training record\n\n| key | value |\n|---|---|\n{rows}")
+
+def export_eagle3_draft(draft_dir, out_dir, target, metadata: dict | None = None) -> Path:
+    """Write the EAGLE-3 draft saved in `draft_dir` (a run's `draft/` or a checkpoint's) to `out_dir` as SGLang and
+    SpecForge load it, with `target`'s embedding and LM head; `out_dir` is whole or absent (written beside, then renamed)."""
+    draft = Eagle3DraftModel.from_pretrained(Path(draft_dir))                      # safetensors: no code executed
+    emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    V, H = draft.config.vocab_size, draft.config.hidden_size
+    if tuple(emb.shape) != (V, H) or tuple(head.shape) != (V, H):
+        raise ConfigError(f"target embedding {tuple(emb.shape)} / LM head {tuple(head.shape)} do not fit the draft's "
+                          f"(vocab, hidden) = {(V, H)}: export with the target the draft was trained on")
+    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items() if not k.startswith("rotary_emb")}
+    dtype = draft.fc.weight.dtype
+    tensors.update({"embed_tokens.weight": emb.detach().to(dtype).clone(),        # clones: a tied target shares one
+                    "lm_head.weight": head.detach().to(dtype).clone(),
+                    "d2t": torch.zeros(V, dtype=torch.int64), "t2d": torch.ones(V, dtype=torch.bool)})
+    assert sorted(tensors) == EAGLE3_EXPORT_KEYS, sorted(tensors)
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cfg = eagle3_serving_config(draft, metadata)
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    write_atomic(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_atomic(tmp / "README.md", _eagle3_card(cfg, out))
+    if out.exists(): shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+# %% ../nbs/31_export.ipynb #8f3e44c6
+def load_eagle3_export(path) -> Eagle3DraftModel:
+    "An exported EAGLE-3 folder read back into an `Eagle3DraftModel` with json and safetensors only; bad folders in one line."
+    from transformers import Qwen3Config
+    p = Path(path)
+    cfg_path, weights = p / "config.json", p / "model.safetensors"
+    for f in (cfg_path, weights):
+        if not f.is_file(): raise ConfigError(f"{f}: missing; an exported EAGLE-3 folder has config.json and model.safetensors")
+    try: cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e: raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from None
+    if cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        raise ConfigError(f"{cfg_path}: architectures is {cfg.get('architectures')!r}, not ['LlamaForCausalLMEagle3']: "
+                          "not an exported EAGLE-3 draft")
+    if cfg.get("draft_vocab_size") != cfg.get("vocab_size"):
+        raise ConfigError(f"{cfg_path}: draft_vocab_size {cfg.get('draft_vocab_size')} != vocab_size {cfg.get('vocab_size')}: "
+                          "a reduced draft vocabulary is not supported here")
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    T = cfg.get("num_target_layers") or (max(ids) + 1 if ids else 0)
+    try: ids = _check_layer_ids(ids or [], T)
+    except ConfigError as e: raise ConfigError(f"{cfg_path}: eagle_config: {e}") from None
+    rope = {"rope_type": "default", **(cfg.get("rope_scaling") or {}), "rope_theta": cfg["rope_theta"]}
+    qcfg = Qwen3Config(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+                       num_hidden_layers=1, num_attention_heads=cfg["num_attention_heads"],
+                       num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], hidden_act=cfg["hidden_act"],
+                       max_position_embeddings=cfg["max_position_embeddings"], rms_norm_eps=cfg["rms_norm_eps"],
+                       rope_parameters=rope, attention_bias=False, tie_word_embeddings=False, layer_types=["full_attention"],
+                       architectures=["Eagle3DraftModel"], eagle_config={"eagle_aux_hidden_state_layer_ids": ids},
+                       block_size=cfg.get("block_size", 8), num_target_layers=T)
+    qcfg.rope_theta = rope["rope_theta"]
+    names = sorted(read_safetensors_header(weights))
+    if names != EAGLE3_EXPORT_KEYS:
+        raise ConfigError(f"{weights}: tensors {sorted(set(names) ^ set(EAGLE3_EXPORT_KEYS))} differ from an EAGLE-3 export's")
+    from safetensors.torch import load_file
+    tensors = load_file(weights)
+    draft = Eagle3DraftModel(qcfg)
+    draft.load_state_dict({k: v for k, v in tensors.items() if k in draft.state_dict()}, strict=True)
+    return draft.to(tensors["fc.weight"].dtype).eval()

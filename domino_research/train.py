@@ -24,6 +24,8 @@ from .progress import Phase
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
+from .train_config import Eagle3TrainConfig
+from .eagle3 import Eagle3DraftModel, Eagle3Trainer, eagle3_qwen3_config, ttt_targets
 from .reduce import MetricSums, reduce_tensor, reduce_values, to_host
 from .target import (capture_features, check_target_path, load_target, load_target_config, load_tokenizer,
                                     target_embed, target_lm_head)
@@ -33,6 +35,7 @@ from .plots import plot_training
 from .data import ChatDataError, cached_chat_dataset, check_has_anchors, collate_chat, epoch_order, idle_blocks
 from .regenerate import check_data_thinking, target_fingerprint
 from .export import describe_run_draft
+from .export import _read_figures, export_eagle3_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
 from domino_research.lifecycle import (
@@ -62,7 +65,8 @@ from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optim
                                    no_sync, shard_draft, shard_target)
 
 # %% auto #0
-__all__ = ['RECIPES', 'NonFiniteLossError', 'adamw_kernel', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'main', 'cli']
+__all__ = ['RECIPES', 'NonFiniteLossError', 'adamw_kernel', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'TrainEagle3Recipe', 'main',
+           'cli']
 
 # %% ../nbs/34_train.ipynb #fd1901b0
 class NonFiniteLossError(RuntimeError): pass
@@ -679,8 +683,68 @@ class TrainDominoRecipe(TrainDFlashRecipe):
                                    pure_draft_prefix_len=c.pure_draft_prefix_len).validate(
             vocab_size=self.target_config.vocab_size, num_target_layers=self.target_config.num_hidden_layers)
 
+# %% ../nbs/34_train.ipynb #2b9c215f
+@patch
+def describe_draft(self: TrainDFlashRecipe):
+    "The model card and self-description of the run's exported draft (notebook 31), written after training."
+    return describe_run_draft(self.cfg, self)
+
+# %% ../nbs/34_train.ipynb #fd52aa00
+class TrainEagle3Recipe(TrainDFlashRecipe):
+    "The recipe with the EAGLE-3 draft and its training-time-test trainer (notebook 20); the loop is DFlash's."
+    config_class, trainer_class = Eagle3TrainConfig, Eagle3Trainer
+
+    def __init__(self, cfg: Eagle3TrainConfig):
+        super().__init__(cfg)
+        if cfg.attention_backend != "sdpa":
+            raise ConfigError("attention_backend: EAGLE-3's training-time-test attention is written in torch (notebook 20) "
+                              f"and takes no FlexAttention mask (got {cfg.attention_backend!r}); use sdpa")
+        if cfg.draft_num_hidden_layers != 1:
+            raise ConfigError(f"draft_num_hidden_layers: an EAGLE-3 draft has one decoder layer (got "
+                              f"{cfg.draft_num_hidden_layers}); set it to 1")
+        if cfg.gradient_checkpointing:
+            raise ConfigError("gradient_checkpointing: not implemented for the one-layer EAGLE-3 draft; set it to false")
+        if cfg.n_eval_prompts > 0:
+            raise ConfigError("n_eval_prompts: the decoding evaluation after training reads DFlash/Domino drafts only; set "
+                              "n_eval_prompts: 0 and decode the EAGLE-3 draft with decode.eagle3_generate (notebook 30)")
+
+    def _build_dflash_config(self) -> DFlashConfig:
+        "The block and layer contract: EAGLE-3's three layers (checked now, before any weights load) and the verify block."
+        c, tc = self.cfg, self.target_config
+        ids = eagle3_qwen3_config(tc, c.target_layer_ids, c.block_size).eagle_config["eagle_aux_hidden_state_layer_ids"]
+        return DFlashConfig(mask_token_id=c.mask_token_id, block_size=c.block_size, target_layer_ids=ids).validate(
+            vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
+
+    def _load_resume_state(self) -> Optional[dict]:
+        self.contract = {**self.contract, "draft": "eagle3"}
+        return super()._load_resume_state()
+
+    def _build_draft(self):
+        if self.resume_state is not None: draft = Eagle3DraftModel.from_pretrained(self.resume_state["path"] / "draft")
+        else: draft = Eagle3DraftModel(eagle3_qwen3_config(self.target_config, self.dflash.target_layer_ids,
+                                                           self.cfg.block_size, self.cfg.draft_intermediate_size))
+        return draft.to(self.accelerator.device)
+
+    def _trainer_kwargs(self) -> dict:
+        return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
+                    ttt_steps=self.cfg.ttt_steps, ttt_loss_decay=self.cfg.ttt_loss_decay)
+
+    def _add_anchors(self, batch, generator) -> bool:
+        "No anchors: every position trains. False if the micro-batch has no label to predict at all."
+        batch["anchor_positions"] = batch["block_keep"] = None
+        return bool(ttt_targets(batch["input_ids"], batch["loss_mask"], 1, 1.0, batch.get("position_ids"))[1].any())
+
+    def describe_draft(self):
+        "The run's draft exported beside it as SGLang and SpecForge load it (`served/`, notebook 31), with its model card."
+        c = self.cfg
+        record = {"target": c.target, "target_fingerprint": getattr(self, "target_fingerprint", None), "data": c.train_data,
+                  **{k: getattr(c, k) for k in ("recipe", "seq_length", "ttt_steps", "ttt_loss_decay", "block_size",
+                                                "micro_batch_size", "grad_accumulation_steps", "learning_rate", "seed")},
+                  **_read_figures(c.run_dir / "summary.json", ("eval/", "step"))}
+        return export_eagle3_draft(c.run_dir / "draft", c.run_dir / "served", self.target, record)
+
 # %% ../nbs/34_train.ipynb #a95b9e7a
-RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe}
+RECIPES = {"dflash": TrainDFlashRecipe, "domino": TrainDominoRecipe, "eagle3": TrainEagle3Recipe}
 
 def main(config_path=None, **overrides) -> dict:
     "Train (and evaluate) a draft from a YAML config (path or shipped name) plus single-key overrides."
@@ -692,7 +756,7 @@ def main(config_path=None, **overrides) -> dict:
             recipe.stage = "drawing the training curves and evaluating the exported draft"
             plot_training(read_metrics(cfg.run_dir / "metrics.jsonl"), cfg.run_dir / "plots" / "training.png")
             if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
-            describe_run_draft(cfg, recipe)   # after eval.json: the card carries the decode figures
+            recipe.describe_draft()           # after eval.json: the card carries the decode figures
             _print_summary(cfg, result)
     except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
         raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None

@@ -23,10 +23,10 @@ from .config import ConfigError, check_ranges, config_from_dict, in_range, range
 
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
-           'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs', 'Yaml12Loader', 'yaml_load',
-           'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool', 'number_in', 'HelpFormatter',
-           'CommandLine', 'signature_defaults', 'field_comments', 'field_groups', 'train_parser', 'parse_train_args',
-           'check_params', 'data_cache_dir']
+           'Eagle3TrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs',
+           'Yaml12Loader', 'yaml_load', 'read_config_file', 'recipe_config_class', 'load_train_config', 'parse_bool',
+           'number_in', 'HelpFormatter', 'CommandLine', 'signature_defaults', 'field_comments', 'field_groups',
+           'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
@@ -109,12 +109,21 @@ class DominoTrainConfig(DFlashTrainConfig):
     lambda_base_decay_ratio: float = ranged(0.5, ">= 0")  # λ reaches 0 after this fraction of optimiser steps
     lambda_base_decay_steps: Optional[int] = ranged(None, ">= 1", "or null for lambda_base_decay_ratio")  # λ is 0 after N steps
 
+# %% ../nbs/09_train_config.ipynb #b4c6e528
+@dataclass
+class Eagle3TrainConfig(DFlashTrainConfig):
+    recipe: str = "eagle3"
+    draft_num_hidden_layers: int = ranged(1, ">= 1")  # EAGLE-3: one decoder layer (the recipe refuses more)
+    mask_token_id: Optional[int] = ranged(0, ">= 0")  # not read by EAGLE-3 (it has no mask token)
+    ttt_steps: int = ranged(7, ">= 1")  # K: training-time-test steps, the draft unrolled on its own outputs
+    ttt_loss_decay: float = ranged(0.8, "(0, 1]")  # step k's loss weight is ttt_loss_decay ** k
+
 # %% ../nbs/09_train_config.ipynb #8cd30412
 import domino_research
 
 CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
 
-RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig}
+RECIPE_CONFIGS = {"dflash": DFlashTrainConfig, "domino": DominoTrainConfig, "eagle3": Eagle3TrainConfig}
 
 def _check(ok, key, msg):
     if not ok: raise ConfigError(f"{key}: {msg}")
@@ -400,6 +409,14 @@ def _yaml_value(text: str):
 # %% ../nbs/09_train_config.ipynb #5e00c0c4
 def _text_value(text: str): return None if text == "null" else text
 
+# %% ../nbs/09_train_config.ipynb #5dfe7ddd
+def _every_key() -> list[tuple[dataclasses.Field, str]]:
+    "Each key of every recipe once, in declaration order (DFlash's first), with the recipes that have it."
+    out = {}
+    for recipe, cls in RECIPE_CONFIGS.items():
+        for f in dataclasses.fields(cls): out.setdefault(f.name, (f, []))[1].append(recipe)
+    return [(f, " and ".join(recipes)) for f, recipes in out.values()]
+
 # %% ../nbs/09_train_config.ipynb #54b2de54
 def train_parser(config=None) -> CommandLine:
     "The training command line: `--config` and one `--key` per config field, grouped, with `config`'s values as defaults."
@@ -412,12 +429,14 @@ def train_parser(config=None) -> CommandLine:
                     description=f"Train a draft. Shipped configs: {', '.join(shipped_configs())}. Every key overrides the "
                                 f"config's value (null for None). The defaults shown are {whose}.")
     p.add_argument("--config", help="a YAML file or the name of a shipped config (required)")
-    comments, groups = field_comments(DominoTrainConfig), field_groups(DominoTrainConfig)
+    comments = {**field_comments(Eagle3TrainConfig), **field_comments(DominoTrainConfig)}
+    groups = {**field_groups(Eagle3TrainConfig), **field_groups(DominoTrainConfig)}
     sections = {}
-    for f in dataclasses.fields(DominoTrainConfig):  # a Domino key in a DFlash run is refused by the config, by name
+    for f, recipes in _every_key():  # another recipe's key in this run is refused by the config, by name
         group = groups.get(f.name)                    # none where the class has no source (defined in a notebook)
         if group and group not in sections: sections[group] = p.add_argument_group(group)
-        default = "Domino recipe only" if f.name not in shown else "" if shown[f.name] is None else f"default: {shown[f.name]!r}"
+        shown_value = shown.get(f.name)
+        default = f"{recipes} recipe only" if f.name not in shown else "" if shown_value is None else f"default: {shown_value!r}"
         text = f"{comments.get(f.name, '')}{_allowed(f)}" + (f" ({default})" if default else "")
         _add_key(sections.get(group, p), f, text.replace("%", "%%"))
     return p
