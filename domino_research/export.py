@@ -452,9 +452,6 @@ def describe_run_draft(cfg, recipe=None) -> Path:
     return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
 
 # %% ../nbs/31_export.ipynb #1cda9794
-import os
-import shutil
-
 from .eagle3 import Eagle3DraftModel, _check_layer_ids, draft_layer_ids
 
 EAGLE3_LAYER_KEYS = ([f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
