@@ -17,11 +17,12 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate', 'accepted_prefix_len',
-           'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer', 'speculative_loop',
-           'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout', 'corrected_logits',
-           'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'check_ngram_params',
-           'ngram_propose', 'NgramProposer', 'ngram_generate']
+__all__ = ['ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate',
+           'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer',
+           'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout',
+           'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
+           'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate', 'engine_proposal_slots',
+           'EngineProposer', 'engine_generate', 'same_acceptance']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -412,3 +413,35 @@ def ngram_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), pr
                             num_speculative_tokens, temperature, timer)
     return speculative_loop(target, propose, input_ids, max_new_tokens, num_speculative_tokens + 1, [],
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+
+# %% ../nbs/30_decode.ipynb #e5e90002
+ENGINE_PATHS = ("dflash", "domino")
+
+def engine_proposal_slots(path: str, block_size: int, shift_label: bool) -> list[int]:
+    """Draft slots a serving engine reads as proposals d_1..d_{bs-1}: `dflash` (SGLang's DFLASH worker, vLLM's `dflash`
+    proposer) slots 1..bs-1 whatever the draft was trained for; `domino` (SGLang's Domino rollout) as `proposal_slots`."""
+    if path not in ENGINE_PATHS: raise ValueError(f"engine path {path!r}: choose one of {ENGINE_PATHS}")
+    return list(range(1, block_size)) if path == "dflash" else proposal_slots(block_size, shift_label)
+
+# %% ../nbs/30_decode.ipynb #e5e90004
+class EngineProposer(DraftProposer):
+    """Greedy proposals as serving engine path `path` makes them: the block `DraftProposer` builds, proposals read from
+    `engine_proposal_slots`; the `dflash` path runs the backbone alone, the `domino` path the head too."""
+    def __init__(self, draft, target, dflash: DFlashConfig, path: str = "dflash", timer: StepTimer | None = None):
+        super().__init__(draft, target, dflash, use_head=path == "domino", timer=timer)
+        self.slots = engine_proposal_slots(path, dflash.block_size, dflash.shift_label)
+
+# %% ../nbs/30_decode.ipynb #e5e90005
+@torch.no_grad()
+def engine_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), path: str = "dflash",
+                    timer: StepTimer | None = None) -> tuple[list[int], dict]:
+    "Greedy speculative decoding (batch 1) with the proposals a serving engine's `path` makes (`EngineProposer`)."
+    d = check_draft_fits(draft, target)
+    propose = EngineProposer(draft, target, d, path, timer)
+    return speculative_loop(target, propose, input_ids, max_new_tokens, d.block_size, d.target_layer_ids,
+                            stop_token_ids=stop_token_ids, timer=timer)
+
+# %% ../nbs/30_decode.ipynb #e5e90006
+def same_acceptance(ours: dict, engine: dict) -> bool:
+    "Whether two decodes of the same prompts accepted alike: the same verify steps and tokens committed per step."
+    return (ours["verify_steps"], ours["accept_hist"]) == (engine["verify_steps"], engine["accept_hist"])
