@@ -415,21 +415,28 @@ def ngram_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), pr
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
 
 # %% ../nbs/30_decode.ipynb #e5e90002
-ENGINE_PATHS = ("dflash", "domino")
+ENGINE_PATHS = ("dflash", "sglang_domino", "vllm_domino")
+_ASSUMED_SHIFT = {"dflash": False, "vllm_domino": True}        # the label convention a path decodes with, read or not
 
 def engine_proposal_slots(path: str, block_size: int, shift_label: bool) -> list[int]:
-    """Draft slots a serving engine reads as proposals d_1..d_{bs-1}: `dflash` (SGLang's DFLASH worker, vLLM's `dflash`
-    proposer) slots 1..bs-1 whatever the draft was trained for; `domino` (SGLang's Domino rollout) as `proposal_slots`."""
+    """Draft slots a serving engine's `path` reads as proposals d_1..d_{bs-1} of a draft trained with `shift_label`: `dflash`
+    (SGLang's DFLASH worker, vLLM's `dflash`) slots 1..bs-1 and `vllm_domino` 0..bs-2 whatever the draft was trained for;
+    `sglang_domino` reads `shift_label` (`proposal_slots`)."""
     if path not in ENGINE_PATHS: raise ValueError(f"engine path {path!r}: choose one of {ENGINE_PATHS}")
-    return list(range(1, block_size)) if path == "dflash" else proposal_slots(block_size, shift_label)
+    return proposal_slots(block_size, _ASSUMED_SHIFT.get(path, shift_label))
 
 # %% ../nbs/30_decode.ipynb #e5e90004
 class EngineProposer(DraftProposer):
-    """Greedy proposals as serving engine path `path` makes them: the block `DraftProposer` builds, proposals read from
-    `engine_proposal_slots`; the `dflash` path runs the backbone alone, the `domino` path the head too."""
+    """Greedy proposals as serving engine path `path` makes them: the block `DraftProposer` builds, read with the label
+    convention the path decodes with (`engine_proposal_slots`); the `dflash` path runs the backbone alone, the Domino
+    paths the head too."""
     def __init__(self, draft, target, dflash: DFlashConfig, path: str = "dflash", timer: StepTimer | None = None):
-        super().__init__(draft, target, dflash, use_head=path == "domino", timer=timer)
-        self.slots = engine_proposal_slots(path, dflash.block_size, dflash.shift_label)
+        from dataclasses import replace
+        if path not in ENGINE_PATHS: raise ValueError(f"engine path {path!r}: choose one of {ENGINE_PATHS}")
+        if path != "dflash" and not dflash.is_domino:
+            raise ValueError(f"engine path {path!r} needs a Domino draft; engines decode this one on their DFlash path")
+        read_as = replace(dflash, shift_label=_ASSUMED_SHIFT.get(path, dflash.shift_label))
+        super().__init__(draft, target, read_as, use_head=path != "dflash", timer=timer)
 
 # %% ../nbs/30_decode.ipynb #e5e90005
 @torch.no_grad()

@@ -311,7 +311,8 @@ def serving_summary(cfg: dict) -> list[str]:
     if head:
         out.append("They run the DFlash backbone only: the Domino head (GRU and low-rank correction) is not run there, so "
                    "the head's gain in the decode figures above is lost; vLLM needs the folder without the head's weights "
-                   "(`export_draft(folder, out, backbone_only=True)`)." + rollout)
+                   "(`export_draft(folder, out, backbone_only=True)`)." + rollout + " vLLM's Domino speculator (model "
+                   "runner v2, where installed) assumes shifted labels and would read this draft one position early.")
     return out
 
 # %% ../nbs/31_export.ipynb #0944c8a4
