@@ -17,12 +17,13 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['MAX_VERIFY_WIDTH', 'decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate', 'greedy_generate',
-           'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate', 'StepTimer',
-           'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax', 'domino_rollout',
-           'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
-           'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate', 'check_eagle3_fits',
-           'Eagle3Proposer', 'eagle3_generate']
+__all__ = ['MAX_VERIFY_WIDTH', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate',
+           'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate',
+           'StepTimer', 'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax',
+           'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer',
+           'speculative_generate', 'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate',
+           'check_eagle3_fits', 'Eagle3Proposer', 'eagle3_generate', 'engine_proposal_slots', 'EngineProposer',
+           'engine_generate', 'same_acceptance']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -487,3 +488,42 @@ def eagle3_generate(target, draft: Eagle3DraftModel, input_ids, max_new_tokens: 
     propose = Eagle3Proposer(draft, target, bs, timer=timer, temperature=temperature, generator=generator)
     return speculative_loop(target, propose, input_ids, max_new_tokens, bs, ids, stop_token_ids=stop_token_ids,
                             timer=timer, temperature=temperature, generator=generator)
+
+# %% ../nbs/30_decode.ipynb #e5e90002
+ENGINE_PATHS = ("dflash", "sglang_domino", "vllm_domino")
+_ASSUMED_SHIFT = {"dflash": False, "vllm_domino": True}        # the label convention a path decodes with, read or not
+
+def engine_proposal_slots(path: str, block_size: int, shift_label: bool) -> list[int]:
+    """Draft slots a serving engine's `path` reads as proposals d_1..d_{bs-1} of a draft trained with `shift_label`: `dflash`
+    (SGLang's DFLASH worker, vLLM's `dflash`) slots 1..bs-1 and `vllm_domino` 0..bs-2 whatever the draft was trained for;
+    `sglang_domino` reads `shift_label` (`proposal_slots`)."""
+    if path not in ENGINE_PATHS: raise ValueError(f"engine path {path!r}: choose one of {ENGINE_PATHS}")
+    return proposal_slots(block_size, _ASSUMED_SHIFT.get(path, shift_label))
+
+# %% ../nbs/30_decode.ipynb #e5e90004
+class EngineProposer(DraftProposer):
+    """Greedy proposals as serving engine path `path` makes them: the block `DraftProposer` builds, read with the label
+    convention the path decodes with (`engine_proposal_slots`); the `dflash` path runs the backbone alone, the Domino
+    paths the head too."""
+    def __init__(self, draft, target, dflash: DFlashConfig, path: str = "dflash", timer: StepTimer | None = None):
+        from dataclasses import replace
+        if path not in ENGINE_PATHS: raise ValueError(f"engine path {path!r}: choose one of {ENGINE_PATHS}")
+        if path != "dflash" and not dflash.is_domino:
+            raise ValueError(f"engine path {path!r} needs a Domino draft; engines decode this one on their DFlash path")
+        read_as = replace(dflash, shift_label=_ASSUMED_SHIFT.get(path, dflash.shift_label))
+        super().__init__(draft, target, read_as, use_head=path != "dflash", timer=timer)
+
+# %% ../nbs/30_decode.ipynb #e5e90005
+@torch.no_grad()
+def engine_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), path: str = "dflash",
+                    timer: StepTimer | None = None) -> tuple[list[int], dict]:
+    "Greedy speculative decoding (batch 1) with the proposals a serving engine's `path` makes (`EngineProposer`)."
+    d = check_draft_fits(draft, target)
+    propose = EngineProposer(draft, target, d, path, timer)
+    return speculative_loop(target, propose, input_ids, max_new_tokens, d.block_size, d.target_layer_ids,
+                            stop_token_ids=stop_token_ids, timer=timer)
+
+# %% ../nbs/30_decode.ipynb #e5e90006
+def same_acceptance(ours: dict, engine: dict) -> bool:
+    "Whether two decodes of the same prompts accepted alike: the same verify steps and tokens committed per step."
+    return (ours["verify_steps"], ours["accept_hist"]) == (engine["verify_steps"], engine["accept_hist"])

@@ -5,6 +5,7 @@
 # %% ../nbs/31_export.ipynb #c607c949
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import math
@@ -19,14 +20,15 @@ from safetensors.torch import save_file
 from .config import ConfigError, NoSpaceError, is_disk_full, no_space, write_atomic
 from .draft import DFlashDraftModel
 from .data import chat_cache_key
-from .embedded import resolve_data_path
+from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS', 'EAGLE3_EXPORT_KEYS',
            'draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
-           'find_draft_dir', 'modeling_source', 'model_card', 'generation_config', 'describe_draft', 'export_config',
+           'find_draft_dir', 'modeling_source', 'weights_dtype', 'target_files_sha256', 'target_identity',
+           'make_readable', 'serving_summary', 'model_card', 'generation_config', 'describe_draft', 'export_config',
            'check_export_dir', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft',
-           'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
+           'self_description_problems', 'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -241,7 +243,86 @@ def _hub_id(name) -> str | None:
     "`org/name` when `name` looks like a Hub repository id (a card's `base_model`), else None."
     return name if isinstance(name, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name).exists() else None
 
+# %% ../nbs/31_export.ipynb #f6a10002
+_ST_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+def weights_dtype(tensors: dict) -> str | None:
+    "The floating dtype (torch's name) of a safetensors header's tensors (`read_safetensors_header`); None if none or mixed."
+    kinds = {_ST_TORCH[dt] for dt, _ in tensors.values() if dt in _ST_TORCH}
+    return kinds.pop() if len(kinds) == 1 else None
+
+# %% ../nbs/31_export.ipynb #f6a10004
+def _read_header(f) -> bytes:
+    n = int.from_bytes(f.read(8), "little")
+    return f.read(n)
+
+def target_files_sha256(folder) -> str:
+    "sha256 of a model folder's `config.json` and weight index (`model.safetensors.index.json`, else each safetensors header)."
+    folder, h = Path(folder), hashlib.sha256()
+    index = folder / "model.safetensors.index.json"
+    for f in [folder / "config.json", *([index] if index.is_file() else sorted(folder.glob("*.safetensors")))]:
+        h.update(f.name.encode() + b"\0")
+        if f.suffix == ".json": h.update(f.read_bytes())
+        else:
+            with open(f, "rb") as fh: h.update(_read_header(fh))
+    return h.hexdigest()
+
+# %% ../nbs/31_export.ipynb #f6a10005
+def _cached_snapshot(repo_id: str) -> Path | None:
+    "The cached snapshot folder of a hub model (its JSON files); None when it is not on this machine. Downloads nothing."
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    try: return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=["*.json"]))
+    except (HFValidationError, LocalEntryNotFoundError): return None
+
+def target_identity(target) -> dict:
+    """`target` as a user names it, `target_path` (the folder read: inside this package for `embedded`; None for a hub id)
+    and `target_files_sha256` of the target's files (None when they are not on this machine)."""
+    import domino_research
+    name, pkg = str(target), Path(domino_research.__file__).resolve().parent
+    local = Path(resolve_target_path(name))
+    folder = local if local.is_dir() else (_cached_snapshot(name) if _hub_id(name) else None)
+    where = None
+    if local.is_dir():
+        inside = local.resolve().is_relative_to(pkg)
+        where = str(Path(pkg.name) / local.resolve().relative_to(pkg)) if inside else str(local)
+    sha = target_files_sha256(folder) if folder is not None and (folder / "config.json").is_file() else None
+    return {"target": name, "target_path": where, "target_files_sha256": sha}
+
+# %% ../nbs/31_export.ipynb #f6a10007
+def make_readable(folder):
+    "Give every file of `folder` the mode the umask allows (0644 under the usual 022); safetensors writes its files 0600."
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in Path(folder).iterdir():
+        if f.is_file(): f.chmod(0o666 & ~umask)
+
+# %% ../nbs/31_export.ipynb #f6a10008
+def serving_summary(cfg: dict) -> list[str]:
+    "What SGLang and vLLM make of a draft with config `cfg`, and what it loses there (the card's section; notebook 30)."
+    d = cfg["dflash_config"]
+    head = d.get("projector_type") == "domino"
+    rollout = " SGLang's Domino rollout (where the installed SGLang has it) reads `shift_label` and runs the head."
+    if d["shift_label"]:
+        return ["Not for an engine's DFlash path (SGLang `--speculative-algorithm DFLASH`, vLLM `\"method\": \"dflash\"`): "
+                "they read slot k as the proposal for x[a+k], and this draft was trained with `shift_label: true` (slot k "
+                "predicts x[a+1+k]), so every proposal would be one position late. Serve a draft trained with "
+                "`shift_label: false` (domino_research README, GPU quick-start step 5)." + (rollout if head else "")]
+    out = ["SGLang (`--speculative-algorithm DFLASH`) and vLLM (`\"method\": \"dflash\"`) read this draft's slots as it was "
+           "trained (slot k predicts x[a+k]), checked on domino_research's decode loop (notebook 30)."]
+    if head:
+        out.append("They run the DFlash backbone only: the Domino head (GRU and low-rank correction) is not run there, so "
+                   "the head's gain in the decode figures above is lost; vLLM needs the folder without the head's weights "
+                   "(`export_draft(folder, out, backbone_only=True)`)." + rollout + " vLLM's Domino speculator (model "
+                   "runner v2, where installed) assumes shifted labels and would read this draft one position early.")
+    return out
+
 # %% ../nbs/31_export.ipynb #0944c8a4
+def _run_command(target) -> str:
+    "The command that decodes with this folder against its target (the embedded target is bench's default)."
+    run = "python -m domino_research.bench decode --draft path/to/this/folder"
+    return run + (f" --target {target}" if target != "embedded" else "")
+
 def model_card(cfg: dict, info: dict) -> str:
     "The `README.md` of a draft folder from its `config.json` dict and the run's `info` (see `describe_draft`)."
     d, target = cfg["dflash_config"], info.get("target", "unknown")
@@ -249,27 +330,35 @@ def model_card(cfg: dict, info: dict) -> str:
     front = ["---", "library_name: transformers", f"license: {info.get('license', 'apache-2.0')}",
              *([f"base_model: {_hub_id(target)}"] if _hub_id(target) else []),
              "tags: [speculative-decoding, dflash" + (", domino" if d.get("projector_type") == "domino" else "") + "]", "---"]
-    about = {"target": target, "target fingerprint": info.get("target_fingerprint", "not recorded"),
+    about = {"target": target, **({"target folder": info["target_path"]} if info.get("target_path") else {}),
+             "target files sha256 (config.json + weight index)": info.get("target_files_sha256", "not recorded"),
+             "target fingerprint (sampled weights)": info.get("target_fingerprint", "not recorded"),
              "recipe": info.get("recipe", kind), "draft layers": cfg["num_hidden_layers"], "block size": d["block_size"],
              "captured target layers": d["target_layer_ids"], "mask token id": d["mask_token_id"],
              "label convention": "shift_label (slot k predicts x[a+1+k])" if d["shift_label"] else "slot k predicts x[a+k]",
              **({"head": f"GRU width {d['gru_hidden_dim']}, rank {d['emb_dim']}, {d['pure_draft_prefix_len']} pure slot(s)"}
                 if d.get("projector_type") == "domino" else {}),
+             "weights dtype": cfg.get("dtype", "not recorded"),
              "training data": info.get("data", "not recorded"), "data fingerprint": info.get("data_fingerprint", "not recorded")}
     out = [*front, f"# {kind} draft for `{target}`", "",
            "A speculative-decoding draft trained with domino_research: it proposes a block of tokens from the target's "
            "captured hidden states and borrows the target's embedding and LM head (it ships neither).", "", _table(about)]
     for title, key in (("Key hyper-parameters", "hyperparameters"), ("Validation", "validation"), ("Decoding", "decode")):
         if info.get(key): out += ["", f"## {title}", "", _table(info[key])]
-    out += ["", "## Use it", "", "With domino_research (the Domino head's GRU rollout is implemented only there):", "",
+    out += ["", "## Install and run", "",
+            "From a clone of domino_research (`make env && source .venv/bin/activate`, or `pip install -e .`), decode "
+            "with this draft against its target — τ with and without the head, per-slot acceptance, speed-up, "
+            "losslessness:", "", "```bash", _run_command(target), "```", "",
+            "In Python (the Domino head's GRU rollout is implemented only there):", "",
             "```python", "from domino_research.export import load_draft", "from domino_research.evaluation import evaluate_draft",
             "draft = load_draft('path/to/this/folder')   # never runs code from the folder",
-            f"evaluate_draft('path/to/this/folder', target={target!r}, n_prompts=8)", "```", "",
+            f"evaluate_draft('path/to/this/folder', target={None if target == 'embedded' else target!r}, n_prompts=8)", "```", "",
             "With transformers alone (runs this folder's `modeling_dflash.py`, so only on a folder you trust):", "",
             "```python", "from transformers import AutoModel",
             "draft = AutoModel.from_pretrained('path/to/this/folder', trust_remote_code=True)", "```", "",
-            "Serving engines (SGLang, vLLM) load the DFlash backbone of this folder; a Domino head is not run there "
-            "(see the domino_research README, section Serving).", "", "## License", "",
+            "Without `trust_remote_code=True`, transformers builds its own `Qwen3Model` from this folder (a random "
+            "embedding, none of the draft's `fc`/`hidden_norm`/head weights) and only warns: that model is not this draft.",
+            "", "## Serving engines", "", *[f"- {s}" for s in serving_summary(cfg)], "", "## License", "",
             f"{info.get('license', 'apache-2.0')}; the target's own license applies to its weights."]
     return "\n".join(out) + "\n"
 
@@ -283,18 +372,26 @@ def generation_config(info: dict) -> dict:
 # %% ../nbs/31_export.ipynb #6958ed51
 def describe_draft(draft_dir, info: dict | None = None) -> Path:
     """Complete a draft folder (config.json + model.safetensors) into a self-describing Hugging Face model folder:
-    `auto_map` + the run's record in config.json, `modeling_dflash.py`, `generation_config.json`, `README.md`.
-    `info` keys (all optional): target, target_fingerprint, data, data_fingerprint, recipe, license, hyperparameters,
-    validation, decode (dicts of figures), bos/eos/pad_token_id; the other keys are kept in config.json too."""
+    `auto_map` + the run's record in config.json, `modeling_dflash.py`, `generation_config.json`, `README.md`; `dtype`
+    from the weights, the special-token ids of `generation_config.json` at the top level, every file readable.
+    `info` keys (all optional): target, target_path, target_files_sha256, target_fingerprint, data, data_fingerprint,
+    recipe, license, hyperparameters, validation, decode (dicts of figures), bos/eos/pad_token_id; the other keys are
+    kept in config.json too."""
     p = Path(draft_dir)
     cfg, info = read_draft_config(p), dict(info or {})
     record = {k: v for k, v in info.items() if k not in ("hyperparameters", "validation", "decode")}
     cfg["auto_map"] = dict(AUTO_MAP)
     if record: cfg["domino_research"] = {**cfg.get("domino_research", {}), **record}
+    if dt := weights_dtype(read_safetensors_header(_weights_file(p))):
+        cfg["dtype"] = dt
+        cfg.pop("torch_dtype", None)
+    gen = generation_config(info)
+    cfg.update({k: v for k, v in gen.items() if k.endswith("_token_id")})
     write_atomic(p / "modeling_dflash.py", modeling_source())
-    write_atomic(p / "generation_config.json", json.dumps(generation_config(info), indent=2, sort_keys=True) + "\n")
+    write_atomic(p / "generation_config.json", json.dumps(gen, indent=2, sort_keys=True) + "\n")
     write_atomic(p / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     write_atomic(p / "README.md", model_card(cfg, info))
+    make_readable(p)
     return p
 
 # %% ../nbs/31_export.ipynb #138ca278
@@ -419,8 +516,9 @@ def serving_problems(draft_dir, engine: str) -> list[str]:
     if d.get("projector_type") == "domino":
         out.append(f"{engine} builds no Domino head: it decodes with the backbone only (no GRU rollout)")
     if d.get("shift_label"):
-        out.append(f"shift_label is true: {engine}'s model file does not read it; its DFlash decoding expects slot k to "
-                   "predict x[a+k], this draft was trained for x[a+1+k]")
+        out.append(f"shift_label is true: {engine}'s DFlash path reads slot k as the proposal for x[a+k], this draft was "
+                   "trained for x[a+1+k], so every proposal is one position late (notebook 30); to serve, train with "
+                   "shift_label false")
     return out
 
 # %% ../nbs/31_export.ipynb #b4472d03
@@ -438,18 +536,40 @@ def _read_figures(path, prefixes=None) -> dict:
             and (prefixes is None or k.startswith(prefixes))}
 
 # %% ../nbs/31_export.ipynb #e2da96ca
+def _hyperparameters(cfg, summary: dict) -> dict:
+    "The card's hyper-parameters; `num_epochs` left out when the run ended at `max_steps` (its epoch count never bound)."
+    hp = {k: getattr(cfg, k) for k in _CARD_HPARAMS if getattr(cfg, k, None) is not None}
+    if cfg.max_steps is not None and summary.get("step") == cfg.max_steps: hp.pop("num_epochs", None)
+    return hp
+
 def describe_run_draft(cfg, recipe=None) -> Path:
     "Write the model card and the self-description of a finished run's `draft/` (`describe_draft`) from what the run knows."
     tok = getattr(recipe, "tokenizer", None)
     data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
                if tok is not None and cfg.train_data else None)
-    info = {"target": cfg.target, "target_fingerprint": getattr(recipe, "target_fingerprint", None), "data": cfg.train_data,
-            "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
+    summary = _read_figures(cfg.run_dir / "summary.json")
+    info = {**target_identity(cfg.target), "target_fingerprint": getattr(recipe, "target_fingerprint", None),
+            "data": cfg.train_data, "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
             "eos_token_id": getattr(tok, "eos_token_id", None), "pad_token_id": getattr(tok, "pad_token_id", None),
-            "hyperparameters": {k: getattr(cfg, k) for k in _CARD_HPARAMS if getattr(cfg, k, None) is not None},
-            "validation": _read_figures(cfg.run_dir / "summary.json", ("eval/", "step")),
+            "hyperparameters": _hyperparameters(cfg, summary),
+            "validation": {k: v for k, v in summary.items() if k.startswith(("eval/", "step"))},
             "decode": _read_figures(cfg.run_dir / "eval.json")}
     return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
+
+# %% ../nbs/31_export.ipynb #f6a1000b
+def self_description_problems(draft_dir) -> list[str]:
+    "Where a draft folder's config.json contradicts its weights or generation_config.json, or a file is unreadable; [] if none."
+    p = Path(draft_dir)
+    cfg, out = read_draft_config(p), []
+    dt = weights_dtype(read_safetensors_header(_weights_file(p)))
+    if dt and cfg.get("dtype", cfg.get("torch_dtype")) != dt:
+        out.append(f"config.json dtype {cfg.get('dtype', cfg.get('torch_dtype'))!r} but the weights are {dt}")
+    gen = json.loads((p / "generation_config.json").read_text()) if (p / "generation_config.json").is_file() else {}
+    out += [f"config.json {k} {cfg.get(k)!r} but generation_config.json says {v!r}" for k, v in gen.items()
+            if k.endswith("_token_id") and cfg.get(k) != v]
+    out += [f"{f.name} is not readable by others (mode {f.stat().st_mode & 0o777:o})" for f in sorted(p.iterdir())
+            if f.is_file() and not f.stat().st_mode & 0o004]
+    return out
 
 # %% ../nbs/31_export.ipynb #1cda9794
 from .eagle3 import Eagle3DraftModel, _check_layer_ids, draft_layer_ids

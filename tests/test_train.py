@@ -9,6 +9,7 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import REPO, write_config, write_jsonl, _chat
+from domino_research.export import self_description_problems
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -120,6 +121,8 @@ def test_cli_trains_and_writes_run_dir(tiny, tmp_path):
     assert len(rec["domino_research"]["target_fingerprint"]) == 16 and len(rec["domino_research"]["data_fingerprint"]) >= 8
     card = (draft / "README.md").read_text()
     assert rec["domino_research"]["target_fingerprint"] in card and "## Key hyper-parameters" in card and "## Validation" in card
+    # ... that tells the truth about itself: dtype and special tokens as the weights and generation_config say, all readable
+    assert self_description_problems(draft) == [] and rec["domino_research"]["target_files_sha256"] in card
 
 
 def _weights(run):
