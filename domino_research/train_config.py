@@ -32,7 +32,7 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashT
 @dataclass
 class DFlashTrainConfig:
     # -- recipe
-    recipe: str = "dflash"                     # which recipe class runs: dflash (the backbone alone) or domino (with the head)
+    recipe: str = "dflash"                     # which recipe runs: dflash (the backbone alone), domino (with the head) or eagle3
     # -- target and data
     target: str = "embedded"                   # local path or hub id of the frozen target; "embedded" = the shipped one
     trust_remote_code: bool = False            # run the Python a target folder ships (auto_map): only for code you have read
@@ -115,6 +115,7 @@ class Eagle3TrainConfig(DFlashTrainConfig):
     recipe: str = "eagle3"
     draft_num_hidden_layers: int = ranged(1, ">= 1")  # EAGLE-3: one decoder layer (the recipe refuses more)
     mask_token_id: Optional[int] = ranged(0, ">= 0")  # not read by EAGLE-3 (it has no mask token)
+    # -- EAGLE-3 training-time test
     ttt_steps: int = ranged(7, ">= 1")  # K: training-time-test steps, the draft unrolled on its own outputs
     ttt_loss_decay: float = ranged(0.8, "(0, 1]")  # step k's loss weight is ttt_loss_decay ** k
 
