@@ -25,6 +25,7 @@ from .config import dumps_strict
 from .train_config import CommandLine, signature_defaults
 from .evaluation import decode_bench
 from .target import check_device
+from .progress import hf_bars_off
 from .loss import chunked_dual_ce, naive_dual_ce
 from .memory import _RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
 
@@ -281,7 +282,8 @@ def _parser() -> argparse.ArgumentParser:
 # %% ../nbs/33_bench.ipynb #1050ecf8
 def main(argv=None):
     a = _parser().parse_args(argv)
-    try: a.func(a)
+    try:
+        with hf_bars_off(): a.func(a)          # a benchmark's own lines, not the libraries' loading bars
     except ValueError as e:                    # a bad value the library refused: one line, as for usage errors
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

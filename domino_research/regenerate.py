@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from .progress import hf_bars_off, progress_bar
 from transformers import GenerationConfig
 
 from .config import ConfigError, looks_local, write_atomic
@@ -570,8 +570,8 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
         length_batches(rows, mine, batch_size),
     )
     t0 = time.time()
-    with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(mine), initial=len(done), desc="regenerate",
-                                                          unit="row", disable=not progress) as bar:
+    with open(out_path, "a", encoding="utf-8") as f, progress_bar(len(mine), progress, initial=len(done), desc="regenerate",
+                                                                  unit="row") as bar:
         def wrote():
             stats["written"] += 1
             bar.update(1)
@@ -671,7 +671,8 @@ def main(argv=None) -> dict:
 # %% ../nbs/12_regenerate.ipynb #0c33e7e2
 def cli(argv=None):
     "The command line: every refusal is one line `regenerate: error: ...` and exit status 2; Ctrl-C is one line and 130."
-    try: main(argv)
+    try:
+        with hf_bars_off(): main(argv)   # the rows' bar, not the model loader's
     except KeyboardInterrupt as e:       # the output is closed by now, every row written kept: say so, without a traceback
         print(f"regenerate: {' '.join(str(e).split()) or 'interrupted'}", file=sys.stderr)
         sys.stdout.flush()

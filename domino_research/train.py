@@ -14,13 +14,12 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs, gather_object, set_seed
 from fastcore.basics import patch
-from tqdm.auto import tqdm
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import ConfigError, DFlashConfig, NoSpaceError
 from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config,
                                           parse_train_args, shipped_configs)
-from .progress import Phase
+from .progress import Phase, hf_bars_off, progress_bar
 from .blocks import NoValidAnchorsError, sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DFlashTrainer, DominoTrainer
@@ -562,9 +561,9 @@ def _start_tracker(self: TrainDFlashRecipe, run_dir: Path):
 
 # %% ../nbs/34_train.ipynb #317691c8
 @patch
-def _progress_bar(self: TrainDFlashRecipe, step: int) -> tqdm:
-    hide = not self.accelerator.is_main_process or bool(os.environ.get("TQDM_DISABLE"))
-    return tqdm(total=self.total_steps, initial=step, disable=hide, desc=self.cfg.run_name)
+def _progress_bar(self: TrainDFlashRecipe, step: int):
+    "Optimiser steps: on the main process, on a terminal or in Jupyter, its ETA the run's average pace (notebook 08)."
+    return progress_bar(self.total_steps, self.accelerator.is_main_process, initial=step, desc=self.cfg.run_name)
 
 # %% ../nbs/34_train.ipynb #182bfaeb
 @patch
@@ -751,13 +750,14 @@ def main(config_path=None, **overrides) -> dict:
     cfg = load_train_config(config_path, **overrides)
     recipe = RECIPES[cfg.recipe](cfg)
     try:                                   # the run name stays locked until its evaluation is written too
-        result = recipe.setup().run()
-        if recipe.accelerator.is_main_process:
-            recipe.stage = "drawing the training curves and evaluating the exported draft"
-            plot_training(read_metrics(cfg.run_dir / "metrics.jsonl"), cfg.run_dir / "plots" / "training.png")
-            if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
-            recipe.describe_draft()           # after eval.json: the card carries the decode figures
-            _print_summary(cfg, result)
+        with hf_bars_off():                # one bar and one line per phase: no datasets or transformers bars inside them
+            result = recipe.setup().run()
+            if recipe.accelerator.is_main_process:
+                recipe.stage = "drawing the training curves and evaluating the exported draft"
+                plot_training(read_metrics(cfg.run_dir / "metrics.jsonl"), cfg.run_dir / "plots" / "training.png")
+                if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
+                recipe.describe_draft()           # after eval.json: the card carries the decode figures
+                _print_summary(cfg, result)
     except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
         raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None
     finally: recipe.close()
