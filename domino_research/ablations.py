@@ -609,7 +609,8 @@ def plot_results(res: dict, out_dir, run_dirs: Optional[dict] = None) -> list[Pa
 # %% ../nbs/40_ablations.ipynb #0c0fa885
 _WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume", "save_every_steps", "keep_checkpoints",
                # where and how it is read and saved, not what is trained
-               "data_cache_dir", "data_num_proc", "dataloader_num_workers")
+               "data_cache_dir", "data_num_proc", "dataloader_num_workers",
+               "trust_remote_code")   # whether a target folder's code may run: how the target loads, not which
 
 # Hashing every byte of a 16 GB checkpoint on each resume would take minutes: above FULL_HASH_BYTES a file is
 # identified by its size and its first and last SAMPLE_BYTES (tensor data, which any retraining changes).
