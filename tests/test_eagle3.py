@@ -110,3 +110,14 @@ def test_two_gloo_ranks_sharded_draft_trains_like_ddp_and_resumes(base, tmp_path
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
         assert torch.equal(c[k], b[k]), k
+
+
+def test_cli_packed_rows_train(base, tmp_path):
+    """`packing: true`: conversations packed into rows (positions restart per document, notebook 15) train through the
+    EAGLE-3 trainer, whose TTT mask and labels stay inside each document (pinned in notebook 20)."""
+    cfg = write_config(tmp_path / "c.yaml", {**base, "max_steps": 2, "seq_length": 192, "packing": True})
+    p = train_cli(cfg, "--run_name", "packed")
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "packing train_data" in p.stdout, p.stdout[-2000:]
+    rows = [json.loads(l) for l in (tmp_path / "runs" / "packed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r and "final" not in r] == [1, 2] and rows[-1]["eval/loss"] > 0
