@@ -273,3 +273,45 @@ def test_duplicate_yaml_key_is_refused_with_both_lines(tiny, tmp_path, capsys):
     n = len(cfg.read_text().splitlines())
     err = _train_cli_error(capsys, "--config", cfg)
     assert f"{cfg}: duplicate key 'learning_rate' on lines {line} and {n}" in err, err
+
+
+# ------------------------------------------------------------------ Ctrl-C: one line, never a traceback (issue 36)
+def _ctrl_c_after(args, ready: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    "`python args...` interrupted (SIGINT, as Ctrl-C) once `ready` appears in its output: (exit status, stdout, stderr)."
+    import signal, threading
+    p = subprocess.Popen([sys.executable, *map(str, args)], env=ENV, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen, lines = threading.Event(), []
+    def read():
+        for line in iter(p.stdout.readline, ""):
+            lines.append(line)
+            if ready in line: seen.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(timeout), "".join(lines)[-3000:]
+        time.sleep(1)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None: p.kill()
+    reader.join(5)
+    return subprocess.CompletedProcess(args, p.returncode, "", "".join(lines))
+
+
+def test_ctrl_c_in_bench_decode_is_one_line():
+    r = _ctrl_c_after(["-m", "domino_research.bench", "decode", "--drafter", "ngram", "--n_eval_prompts", "64",
+                       "--max_new_tokens", "256"], ready="decoding")
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert [l for l in r.stderr.splitlines() if "error: " in l] == \
+        ["error: bench decode: interrupted (Ctrl-C); nothing was written"], r.stderr[-3000:]   # on a line of its own
+
+
+def test_ctrl_c_in_embedded_build_is_one_line_naming_the_stages_left(tmp_path):
+    out = tmp_path / "b"
+    r = _ctrl_c_after(["-m", "domino_research.embedded_build", "--out", out, "--stages", "corpus,tokenizer,target",
+                       "--steps", "100000"], ready="stage tokenizer done")
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    err = [l for l in r.stderr.splitlines() if "error: " in l]
+    assert err == [f"error: interrupted (Ctrl-C) during stage target; corpus, tokenizer complete in {out}; continue with "
+                   "the same command and --stages target"], r.stderr[-3000:]
