@@ -288,7 +288,7 @@ def main(argv=None):
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:                  # a benchmark writes nothing until it ends: nothing to keep, nothing to resume
-        print(f"error: bench {a.command}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        print(f"\nerror: bench {a.command}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)   # below a bar
         sys.exit(130)
 
 # %% ../nbs/33_bench.ipynb #f68f2943

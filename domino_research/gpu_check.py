@@ -594,6 +594,8 @@ def _parse_args(argv=None):
     a.parts = [s.strip() for s in a.parts.split(",") if s.strip()]
     if bad := [x for x in a.parts if x not in PARTS]:
         raise ValueError(f"--parts: unknown {bad}; choose from {', '.join(PARTS)}")
+    if not a.parts:                            # `ok` over no part at all would pass with nothing checked
+        raise ValueError(f"--parts: names no part; choose from {', '.join(PARTS)} (leave it out for all of them)")
     return a
 
 # %% ../nbs/35_gpu_check.ipynb #2db5a138

@@ -497,9 +497,10 @@ class RunInterrupted(KeyboardInterrupt):
     "Ctrl-C during a run; the message says where it stopped and how to go on."
 
 # %% ../nbs/17_lifecycle.ipynb #4bde69cc
-def interrupted_at(run_dir: Path, stage: str) -> str:
-    "Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up)."
+def interrupted_at(run_dir: Path, stage: str, overwrite: bool = False) -> str:
+    """Where a Ctrl-C stopped the run, and how to continue it: one line (what it was writing is already cleaned up).
+    `overwrite`: the run was started with overwrite=true, which resume=latest refuses beside it: the advice drops it."""
     saved = list_checkpoints(run_dir) if run_dir.is_dir() else []
     if not saved: return f"interrupted while {stage}; no checkpoint was saved yet: run the same command again to start over"
-    return (f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: "
-            "continue with the same command plus --resume latest")
+    how = "--overwrite false in place of --overwrite true, plus --resume latest" if overwrite else "plus --resume latest"
+    return f"interrupted while {stage}; the last complete checkpoint is {saved[-1]}: continue with the same command {how}"

@@ -759,7 +759,7 @@ def main(config_path=None, **overrides) -> dict:
                 recipe.describe_draft()           # after eval.json: the card carries the decode figures
                 _print_summary(cfg, result)
     except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
-        raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"))) from None
+        raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"), cfg.overwrite)) from None
     finally: recipe.close()
     return result
 

@@ -143,6 +143,8 @@ def papermill_process(nb, tmp_path, *params):
     ("train.ipynb", ("extra", "[1, 2]"), "parameter 'extra' must be a YAML mapping"),
     ("train.ipynb", ("extra", "{bad"), "parameter 'extra' is not valid YAML"),
     ("train.ipynb", ("extra", "{max_steps: 3}"), "'extra' sets ['max_steps'], which are parameters of this notebook"),
+    ("train.ipynb", ("max_stepz", "2"), "unknown parameter 'max_stepz'; did you mean 'max_steps'?"),   # ran the default
+    ("evaluate.ipynb", ("temprature", "0.5"), "unknown parameter 'temprature'; did you mean 'temperature'?"),
 ])
 def test_papermill_bad_parameter(nb, params, needle):
     ran, error = run_notebook(nb, **dict(zip(params[::2], params[1::2])))   # in this process
@@ -173,8 +175,34 @@ def test_papermill_bad_parameter_through_papermill(tmp_path):
       "--out", "{tmp}"), "is a folder"),
 ])
 def test_more_cli_mistakes_are_one_line(tmp_path, args, needle):
+    _one_line(tmp_path, args, needle)
+
+
+def _one_line(tmp_path, args, needle):
     (tmp_path / "empty.jsonl").write_text("")
     assert_one_line_error(run(*[a.format(tmp=tmp_path) for a in args]), needle)
+
+
+# ------------------------------------------------------------------ a third careless-user pass (issue 36)
+@pytest.mark.parametrize("args, needle", [
+    (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "-1"), "argument --lr: must be a finite number in"),
+    (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "nan"), "argument --lr: must be a finite number in"),
+    (("-m", "domino_research.bench", "data", "--workdir", "{tmp}/missing"), "--workdir {tmp}/missing does not exist"),
+    (("-m", "domino_research.bench", "memory", "--num_processes", "1000000"), "--num_processes: must be at most 4096"),
+    (("-m", "domino_research.bench", "memory", "--micro_batch_size", "100000"), "its real attention mask) needs at least"),
+    (("-m", "domino_research.bench", "loss", "--tokens", "1000000"), "the naive variant's float32 logits) needs at least"),
+    (("-m", "domino_research.bench", "decode", "--drafter", "ngram", "--num_speculative_tokens", "1000000"),
+     "num_speculative_tokens must be at most 255"),
+    (("-m", "domino_research.train", "--config", "embedded_domino", "--learning_rate", "0.001", "--learning_rate", "0.002"),
+     "--learning_rate is given twice"),
+    (("-m", "domino_research.train", "--config", "embedded_domino", "--run_name", "a\nb"), "run_name: must be one plain folder"),
+    (("-m", "domino_research.train", "--config", "embedded_domino", "--output_dir", ""), "output_dir: is empty"),
+    (("-m", "domino_research.train", "--config", "{tmp}/latin1.yaml"), "latin1.yaml: line 2: byte 0xe9 is not UTF-8 text"),
+])
+def test_issue36_mistakes_are_one_line(tmp_path, args, needle):
+    "Each was a traceback, a hang or a silent wrong run before (issue 36); now one line naming the key and its limit."
+    (tmp_path / "latin1.yaml").write_bytes("recipe: domino\n# réglages\n".encode("latin-1"))
+    _one_line(tmp_path, args, needle.format(tmp=tmp_path))
 
 
 def test_command_line_text_keys_stay_text():
@@ -200,9 +228,11 @@ def _train_cli_error(capsys, *argv) -> str:
     ("min_lr_ratio", "-5.0", "must be a finite number in [0, 1]"),  # the cosine floor below 0: lr 0.0
     ("save_every_steps", "-1", "must be >= 1, or null"),           # -1 saved every step
     ("adam_beta1", "2.0", "must be a finite number in [0, 1)"),
-    ("weight_decay", "-1", "must be a finite number >= 0"),
+    ("weight_decay", "-1", "must be a finite number in [0, 100]"),
     ("seed", "-1", "must be in [0, 4294967295]"),
-    ("learning_rate", ".inf", "must be a finite number > 0"),
+    ("learning_rate", ".inf", "must be a finite number in (0, 10]"),
+    ("learning_rate", "1e300", "must be a finite number in (0, 10]"),          # passed '> 0', then overflowed in AdamW
+    ("dist_timeout_minutes", "1e300", "must be a finite number in (0, 10080]"),  # passed '> 0', then overflowed the timer
 ])
 def test_train_value_out_of_range_is_one_line(tiny, tmp_path, capsys, key, value, says):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs")})
@@ -243,3 +273,45 @@ def test_duplicate_yaml_key_is_refused_with_both_lines(tiny, tmp_path, capsys):
     n = len(cfg.read_text().splitlines())
     err = _train_cli_error(capsys, "--config", cfg)
     assert f"{cfg}: duplicate key 'learning_rate' on lines {line} and {n}" in err, err
+
+
+# ------------------------------------------------------------------ Ctrl-C: one line, never a traceback (issue 36)
+def _ctrl_c_after(args, ready: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    "`python args...` interrupted (SIGINT, as Ctrl-C) once `ready` appears in its output: (exit status, stdout, stderr)."
+    import signal, threading
+    p = subprocess.Popen([sys.executable, *map(str, args)], env=ENV, cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen, lines = threading.Event(), []
+    def read():
+        for line in iter(p.stdout.readline, ""):
+            lines.append(line)
+            if ready in line: seen.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert seen.wait(timeout), "".join(lines)[-3000:]
+        time.sleep(1)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None: p.kill()
+    reader.join(5)
+    return subprocess.CompletedProcess(args, p.returncode, "", "".join(lines))
+
+
+def test_ctrl_c_in_bench_decode_is_one_line():
+    r = _ctrl_c_after(["-m", "domino_research.bench", "decode", "--drafter", "ngram", "--n_eval_prompts", "64",
+                       "--max_new_tokens", "256"], ready="decoding")
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert [l for l in r.stderr.splitlines() if "error: " in l] == \
+        ["error: bench decode: interrupted (Ctrl-C); nothing was written"], r.stderr[-3000:]   # on a line of its own
+
+
+def test_ctrl_c_in_embedded_build_is_one_line_naming_the_stages_left(tmp_path):
+    out = tmp_path / "b"
+    r = _ctrl_c_after(["-m", "domino_research.embedded_build", "--out", out, "--stages", "corpus,tokenizer,target",
+                       "--steps", "100000"], ready="stage tokenizer done")
+    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    err = [l for l in r.stderr.splitlines() if "error: " in l]
+    assert err == [f"error: interrupted (Ctrl-C) during stage target; corpus, tokenizer complete in {out}; continue with "
+                   "the same command and --stages target"], r.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Nothing lost, nothing hijacked: run names, overwrite, locks, resume and damaged files, each through the training CLI
 as a user would meet it. Every test states the data that must survive and checks it byte for byte."""
-import hashlib, json, os, subprocess, sys, time
+import hashlib, json, os, re, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -498,3 +498,35 @@ def test_ctrl_c_during_save_and_export_is_one_line_and_resumes(tiny, tmp_path, c
         assert [r["step"] for r in rows if r.get("final")] == [2], rows
         assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     _check_intact(run)
+
+
+def _follow(argv: list[str], advice: str) -> list[str]:
+    "The command line a user types on reading `advice` ('[X in place of Y, ]plus Z' after 'the same command'), word for word."
+    m = re.fullmatch(r"(?:(.+) in place of (.+), )?plus (.+)", advice)
+    assert m, advice
+    out = " ".join(argv)
+    if m[1]: out = out.replace(m[2], m[1])
+    return out.split() + m[3].split()
+
+
+def test_ctrl_c_during_an_overwrite_gives_advice_that_works(tiny, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a run started with `--overwrite true`, after it saved: the one-line advice, followed word for word,
+    finishes the run. It said "the same command plus --resume latest", and overwrite beside resume=latest is refused."""
+    import signal
+    import domino_research.lifecycle as L
+    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "ow",
+                                             "max_steps": 2, "save_every_steps": 1})
+    from domino_research.train import cli
+    cli(["--config", cfg])                                               # a finished run, then its replacement
+    real = L._fault_point
+    ctrl_c = lambda name: signal.raise_signal(signal.SIGINT) if name == "checkpoint-step-2" else None
+    monkeypatch.setattr(L, "_fault_point", ctrl_c)
+    argv = ["--config", cfg, "--overwrite", "true"]
+    code, err, lines = cli_lines(capsys, argv)
+    assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    monkeypatch.setattr(L, "_fault_point", real)
+    followed = _follow(argv, lines[0].split("continue with the same command ", 1)[1])
+    try: cli(followed)                                                   # exits only on a refusal
+    except SystemExit as e: raise AssertionError(f"{followed}: {capsys.readouterr().err[-3000:]}") from e
+    rows = [json.loads(l) for l in (tmp_path / "runs" / "ow" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2] and rows[-1].get("final"), rows   # resumed, not restarted
