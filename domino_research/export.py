@@ -26,9 +26,9 @@ from .embedded import resolve_data_path, resolve_target_path
 __all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS', 'EAGLE3_EXPORT_KEYS',
            'draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
            'find_draft_dir', 'modeling_source', 'weights_dtype', 'target_files_sha256', 'target_identity',
-           'make_readable', 'serving_summary', 'model_card', 'generation_config', 'describe_draft', 'export_config',
-           'check_export_dir', 'export_draft', 'push_draft', 'serving_problems', 'describe_run_draft',
-           'self_description_problems', 'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
+           'make_readable', 'self_description_problems', 'serving_summary', 'model_card', 'generation_config',
+           'describe_draft', 'export_config', 'check_export_dir', 'export_draft', 'push_draft', 'serving_problems',
+           'describe_run_draft', 'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -297,6 +297,21 @@ def make_readable(folder):
     for f in Path(folder).iterdir():
         if f.is_file(): f.chmod(0o666 & ~umask)
 
+# %% ../nbs/31_export.ipynb #f6a1000b
+def self_description_problems(draft_dir) -> list[str]:
+    "Where a draft folder's config.json contradicts its weights or generation_config.json, or a file is unreadable; [] if none."
+    p = Path(draft_dir)
+    cfg, out = read_draft_config(p), []
+    dt = weights_dtype(read_safetensors_header(_weights_file(p)))
+    if dt and cfg.get("dtype", cfg.get("torch_dtype")) != dt:
+        out.append(f"config.json dtype {cfg.get('dtype', cfg.get('torch_dtype'))!r} but the weights are {dt}")
+    gen = json.loads((p / "generation_config.json").read_text()) if (p / "generation_config.json").is_file() else {}
+    out += [f"config.json {k} {cfg.get(k)!r} but generation_config.json says {v!r}" for k, v in gen.items()
+            if k.endswith("_token_id") and cfg.get(k) != v]
+    out += [f"{f.name} is not readable by others (mode {f.stat().st_mode & 0o777:o})" for f in sorted(p.iterdir())
+            if f.is_file() and not f.stat().st_mode & 0o004]
+    return out
+
 # %% ../nbs/31_export.ipynb #f6a10008
 def serving_summary(cfg: dict) -> list[str]:
     "What SGLang and vLLM make of a draft with config `cfg`, and what it loses there (the card's section; notebook 30)."
@@ -481,6 +496,8 @@ def push_draft(draft_dir, repo_id: str, private: bool = True, token=None, api=No
     missing = [f for f in ("README.md", "modeling_dflash.py", "generation_config.json") if not (p / f).is_file()]
     if missing:
         raise ConfigError(f"{p}: has no {', '.join(missing)}; run describe_draft({str(p)!r}, info) (or export_draft) first")
+    if problems := self_description_problems(p):
+        raise ConfigError(f"{p}: {problems[0]}; run describe_draft({str(p)!r}, info) so the folder says what it holds")
     if api is None:
         from huggingface_hub import HfApi
         api = HfApi(token=token)
@@ -555,21 +572,6 @@ def describe_run_draft(cfg, recipe=None) -> Path:
             "validation": {k: v for k, v in summary.items() if k.startswith(("eval/", "step"))},
             "decode": _read_figures(cfg.run_dir / "eval.json")}
     return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
-
-# %% ../nbs/31_export.ipynb #f6a1000b
-def self_description_problems(draft_dir) -> list[str]:
-    "Where a draft folder's config.json contradicts its weights or generation_config.json, or a file is unreadable; [] if none."
-    p = Path(draft_dir)
-    cfg, out = read_draft_config(p), []
-    dt = weights_dtype(read_safetensors_header(_weights_file(p)))
-    if dt and cfg.get("dtype", cfg.get("torch_dtype")) != dt:
-        out.append(f"config.json dtype {cfg.get('dtype', cfg.get('torch_dtype'))!r} but the weights are {dt}")
-    gen = json.loads((p / "generation_config.json").read_text()) if (p / "generation_config.json").is_file() else {}
-    out += [f"config.json {k} {cfg.get(k)!r} but generation_config.json says {v!r}" for k, v in gen.items()
-            if k.endswith("_token_id") and cfg.get(k) != v]
-    out += [f"{f.name} is not readable by others (mode {f.stat().st_mode & 0o777:o})" for f in sorted(p.iterdir())
-            if f.is_file() and not f.stat().st_mode & 0o004]
-    return out
 
 # %% ../nbs/31_export.ipynb #1cda9794
 from .eagle3 import Eagle3DraftModel, _check_layer_ids, draft_layer_ids
