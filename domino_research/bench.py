@@ -355,6 +355,8 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
     tok = str(embedded_target_path()) if tokenizer == "embedded" else tokenizer
     if not (Path(tok) / "tokenizer_config.json").is_file():
         raise ValueError(f"bench data: --tokenizer {tokenizer!r} is not a folder with a tokenizer (tokenizer_config.json)")
+    from domino_research.target import load_tokenizer
+    load_tokenizer(tok)          # here, in one line, what each step's process would refuse (a folder's own code, damage)
     num_proc, legacy_rows = num_proc or min(8, os.cpu_count() or 1), min(legacy_rows or rows, rows)
     with tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-") as d:   # the data, the cache: all removed after
         data, legacy_data = write_synthetic_chats(Path(d) / "chats.jsonl", rows, seed), Path(d) / "legacy.jsonl"
@@ -390,7 +392,6 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
         first_launch_speedup_vs_legacy=round(legacy_launch_est / first["launch_s"], 2),
         torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
     )
-
 
 # %% ../nbs/33_bench.ipynb #f24fd642
 def _add_data_parser(sub):
