@@ -391,6 +391,8 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
     if workdir is not None and not (Path(workdir).is_dir() and os.access(workdir, os.W_OK | os.X_OK)):
         why = "is not a writable folder" if Path(workdir).is_dir() else "does not exist or is not a folder"
         raise ValueError(f"bench data: --workdir {workdir} {why}; pass a folder with room for the data and its cache")
+    from domino_research.target import load_tokenizer
+    load_tokenizer(tok)          # here, in one line, what each step's process would refuse (a folder's own code, damage)
     num_proc, legacy_rows = num_proc or min(8, os.cpu_count() or 1), min(legacy_rows or rows, rows)
     try: tmp = tempfile.TemporaryDirectory(dir=workdir, prefix="bench-data-")   # the data, the cache: all removed after
     except OSError as e:                      # read-only (as root, os.access says yes; the file system still says no)
@@ -430,7 +432,6 @@ def bench_data(rows: int = 200_000, tokenizer: str = "embedded", num_proc: int |
         first_launch_speedup_vs_legacy=round(legacy_launch_est / first["launch_s"], 2),
         torch_threads=os.environ.get("OMP_NUM_THREADS", "unset"),
     )
-
 
 # %% ../nbs/33_bench.ipynb #f24fd642
 def _add_data_parser(sub):
