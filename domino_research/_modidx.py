@@ -1404,6 +1404,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                             'domino_research/train_config.py'),
                                               'domino_research.train_config.CommandLine.__init__': ( 'train_config.html#commandline.__init__',
                                                                                                      'domino_research/train_config.py'),
+                                              'domino_research.train_config.CommandLine._chosen': ( 'train_config.html#commandline._chosen',
+                                                                                                    'domino_research/train_config.py'),
                                               'domino_research.train_config.CommandLine.add_argument': ( 'train_config.html#commandline.add_argument',
                                                                                                          'domino_research/train_config.py'),
                                               'domino_research.train_config.CommandLine.add_flag': ( 'train_config.html#commandline.add_flag',

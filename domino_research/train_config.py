@@ -317,8 +317,17 @@ class CommandLine(argparse.ArgumentParser):
         if twice := _repeated_key(self, args):         # argparse keeps the last silently, as PyYAML did a duplicate key
             self.error(f"{twice} is given twice; keep one of them (only one value can hold)")
         ns, extra = self.parse_known_args(args, namespace)
-        if extra: self.error(self.unknown_message(extra))
+        if extra:                                      # named among the keys of the subcommand given, not all
+            chosen = self._chosen(ns)
+            chosen.renamed = {**self.renamed, **chosen.renamed}
+            self.error(chosen.unknown_message(extra))
         return ns
+
+    def _chosen(self, ns):
+        "The parser of the subcommand `ns` names (itself when it has none)."
+        subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = next((a.choices[getattr(ns, a.dest)] for a in subs if getattr(ns, a.dest, None) in a.choices), None)
+        return self if chosen is None else chosen._chosen(ns)
 
     def error(self, message):
         "One line and exit status 2 (argparse would print the whole usage first: with many keys, a screenful)."

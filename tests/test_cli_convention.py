@@ -69,6 +69,8 @@ def test_a_flag_alone_or_with_true_false_in_two_commands():
         ),
         ("bench", ["decode", "--max_new_token", "4"], "unknown key --max_new_token; did you mean --max_new_tokens"),
         ("bench", ["decode", "--n_prompts", "4"], "--n_prompts was renamed to --n_eval_prompts"),
+        # a key of another subcommand is unknown here, and never suggested as itself
+        ("bench", ["memory", "--target", "x"], "unknown key --target; did you mean --shard_target?"),
         ("regenerate", ["--out", "o.jsonl", "--enable_thinking", "maybe"], "argument --enable_thinking: expected true or false"),
     ],
 )
