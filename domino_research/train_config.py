@@ -30,7 +30,7 @@ __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashT
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
 class DFlashTrainConfig:
-    recipe: str = "dflash"                     # "dflash" | "domino": which recipe class runs
+    recipe: str = "dflash"                     # "dflash" | "domino" | "eagle3": which recipe class runs
     # -- target and data
     target: str = "embedded"                   # local path or hub id of the frozen target; "embedded" = the shipped one
     train_data: Optional[str] = "embedded:train"  # JSONL / parquet / dataset name; "embedded:<split>" = shipped splits
