@@ -188,7 +188,7 @@ def _one_line(tmp_path, args, needle):
     (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "-1"), "argument --lr: must be a finite number in"),
     (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "nan"), "argument --lr: must be a finite number in"),
     (("-m", "domino_research.bench", "data", "--workdir", "{tmp}/missing"), "--workdir {tmp}/missing does not exist"),
-    (("-m", "domino_research.bench", "memory", "--num_processes", "1000000"), "--num_processes: must be at most 4096"),
+    (("-m", "domino_research.bench", "memory", "--num_processes", "1000000"), "--num_processes: must be at most 1024"),
     (("-m", "domino_research.bench", "memory", "--micro_batch_size", "100000"), "its real attention mask) needs at least"),
     (("-m", "domino_research.bench", "loss", "--tokens", "1000000"), "the naive variant's float32 logits) needs at least"),
     (("-m", "domino_research.bench", "decode", "--drafter", "ngram", "--num_speculative_tokens", "1000000"),
