@@ -470,7 +470,9 @@ def _cmd_data(a):
     print(f"{'cached_speedup_vs_legacy':>28}: {r['cached_speedup_vs_legacy']}")
 
 # %% ../nbs/33_bench.ipynb #a1e0c0d2
-MAX_PROCESSES = 4096    # a fake process group of this many ranks is measured in seconds; 1000000 never finished
+# the measurement's time grows with the ranks of its fake process group (sharded embedded_dflash, this 2-core machine:
+# 23 s at 8 ranks, 233 s at 4096); 1000000 never finished. Beyond 1024 ranks each holds a sliver of the draft anyway
+MAX_PROCESSES = 1024
 
 def _memory_mask_bytes(config: str, micro_batch_size: int | None) -> int:
     """Bytes of the one real tensor `bench memory` allocates that grows with the batch: the step's dense block attention

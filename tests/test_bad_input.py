@@ -188,7 +188,7 @@ def _one_line(tmp_path, args, needle):
     (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "-1"), "argument --lr: must be a finite number in"),
     (("-m", "domino_research.embedded_build", "--out", "{tmp}/b", "--lr", "nan"), "argument --lr: must be a finite number in"),
     (("-m", "domino_research.bench", "data", "--workdir", "{tmp}/missing"), "--workdir {tmp}/missing does not exist"),
-    (("-m", "domino_research.bench", "memory", "--num_processes", "1000000"), "--num_processes: must be at most 4096"),
+    (("-m", "domino_research.bench", "memory", "--num_processes", "1000000"), "--num_processes: must be at most 1024"),
     (("-m", "domino_research.bench", "memory", "--micro_batch_size", "100000"), "its real attention mask) needs at least"),
     (("-m", "domino_research.bench", "loss", "--tokens", "1000000"), "the naive variant's float32 logits) needs at least"),
     (("-m", "domino_research.bench", "decode", "--drafter", "ngram", "--num_speculative_tokens", "1000000"),
@@ -207,9 +207,10 @@ def test_issue36_mistakes_are_one_line(tmp_path, args, needle):
 
 def test_command_line_text_keys_stay_text():
     from domino_research.train_config import parse_train_args
-    _, o = parse_train_args(["--run_name", "001", "--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
+    _, o = parse_train_args(["--output_dir", "~", "--eval_data", "null", "--max_steps", "3",
                              "--learning_rate", "1e-3", "--run_name=2026-12-03"])
     assert o == {"run_name": "2026-12-03", "output_dir": "~", "eval_data": None, "max_steps": 3, "learning_rate": 1e-3}
+    assert parse_train_args(["--run_name", "001"])[1] == {"run_name": "001"}       # text, not the number 1
 
 
 # ------------------------------------------------------------------ values the training cannot use (in-process: no model loads)

@@ -50,3 +50,20 @@ def test_unknown_papermill_parameter_is_refused(name, typo):
     run_checks(name, "")                                       # the defaults pass
     with pytest.raises(ConfigError, match=f"unknown parameter '{typo}'; did you mean"):
         run_checks(name, f"{typo} = 2\n")
+
+
+def test_train_notebook_says_how_to_resume_before_it_trains(tmp_path, capsys):
+    """Ctrl-C stops papermill, which shuts the kernel down mid-run: the resume hint must be printed before training starts
+    (it was lost). Followed, it passes the notebook's checks and loads a config that resumes the same run."""
+    cells = [c for c in json.loads((NBS / "train.ipynb").read_text())["cells"] if c["cell_type"] == "code"]
+    assert "main(config, **overrides)" in "".join(cells[3]["source"]), "the fourth code cell no longer trains"
+    ns = {}
+    injected = f"output_dir = {str(tmp_path)!r}\nrun_name = 'r1'\noverwrite = True\n"
+    for src in ("".join(cells[0]["source"]), injected, *("".join(c["source"]) for c in cells[1:3])): exec(src, ns)
+    hint = [l for l in capsys.readouterr().out.splitlines() if l.startswith("if this run stops")]
+    assert hint == ["if this run stops, continue it with the same papermill command and -p overwrite False plus "
+                    "-p run_name r1 and resume: latest in extra (-p extra \"{resume: latest}\")"], hint
+    ns = {}
+    followed = f"output_dir = {str(tmp_path)!r}\nrun_name = 'r1'\noverwrite = False\nextra = '{{resume: latest}}'\n"
+    for src in ("".join(cells[0]["source"]), followed, *("".join(c["source"]) for c in cells[1:3])): exec(src, ns)
+    assert (ns["cfg"].resume, ns["cfg"].run_name, ns["cfg"].overwrite) == ("latest", "r1", False)
