@@ -721,17 +721,19 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int, world: int, micro_batc
     """Micro-batches (lists of row indices) of one epoch for one rank. Training (`pad`) shuffles by `(seed, epoch)` and
     deals the order from its global position `start` on (0, or where a resumed run stopped) round-robin to the ranks.
     With `lengths`, each `group` rows of the order (an optimiser step's: micro-batch × accumulation × ranks) are sorted
-    longest first before they are dealt: the same rows per step, with less padding and ranks of equal work."""
+    longest first before they are dealt: the same rows per step, with less padding and ranks of equal work (a group
+    of one micro-batch or of one row per rank is left as it is)."""
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     order = torch.randperm(n, generator=g).tolist() if pad else list(range(n))
     per_rank = math.ceil(n / world)
     if pad:  # equal micro-batch counts on every rank: wrap the order around
         per_rank = math.ceil(max(n - start, 0) / world / micro_batch_size) * micro_batch_size
         end = start + per_rank * world
-        # whole groups past `end`: a group's sorting then depends on its own rows only, not on where this call stops
-        order = order * ((end + group) // max(n, 1) + 1)
-        if lengths is not None and group > 1: order = group_by_length(order, lengths, group)
-        order = order[start: end]
+        order = (order * (end // max(n, 1) + 1))[:end]
+        # groups count from the epoch's first row, whatever `start`. A group of one micro-batch, or of one row per rank,
+        # costs the same in any order: left as it is (sorting it would only change the anchors drawn for its rows)
+        if lengths is not None and group > max(micro_batch_size, world): order = group_by_length(order, lengths, group)
+        order = order[start:]
     mine = order[rank::world]
     return [mine[i: i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
 

@@ -84,3 +84,34 @@ def test_recipe_builds_fused_adamw_on_cuda(tmp_path):
         assert getattr(r.optimizer, "optimizer", r.optimizer).defaults["fused"] is True
     finally: r.close()
     assert train.adamw_kernel(torch.device("cuda", 0)) == {"fused": True} and train.adamw_kernel("cpu") == {}
+
+
+def test_target_mask_built_on_the_device_equals_transformers_own():
+    """The 4-D mask the recipe hands the SDPA target (so transformers need not ask the GPU whether it may drop a 2-D one)
+    gives the features transformers' own mask gives, bit for bit: padded rows, full rows, packed rows. A mask that drops
+    the padding or the conversation boundary does not."""
+    from domino_research.embedded import resolve_target_path
+    from domino_research.target import capture_features, load_target
+    from domino_research.train import TrainDFlashRecipe, _layout
+    target = load_target(resolve_target_path("embedded"), device="cpu")
+    r = TrainDFlashRecipe.__new__(TrainDFlashRecipe)
+    r.target = target
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (3, 20), generator=g)
+    pad = torch.ones(3, 20, dtype=torch.long)
+    pad[1, 15:] = 0
+    pad[2, 7:] = 0
+    pos = torch.cat([torch.arange(6), torch.arange(10), torch.arange(4)])[None].repeat(3, 1)
+    pos[2] = torch.arange(20)                                        # a row of one conversation among packed ones
+    cases = {"padded": dict(input_ids=ids, attention_mask=pad), "full": dict(input_ids=ids, attention_mask=torch.ones_like(pad)),
+             "packed": dict(input_ids=ids, attention_mask=torch.ones_like(pad), position_ids=pos)}
+    for layout, batch in cases.items():
+        ref = capture_features(target, ids, [1, 5], None if "position_ids" in batch else batch["attention_mask"],
+                               position_ids=batch.get("position_ids"))
+        batch["layout"] = _layout(batch)
+        assert batch["layout"] == layout
+        mask, positions = r._target_mask(batch)
+        assert torch.equal(capture_features(target, ids, [1, 5], mask, position_ids=positions), ref), layout
+        if mask is not None:                                         # the faults: padding, or the boundary, ignored
+            causal = torch.ones(20, 20, dtype=torch.bool).tril().expand_as(mask)
+            assert not torch.equal(capture_features(target, ids, [1, 5], causal, position_ids=positions), ref), layout
