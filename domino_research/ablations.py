@@ -645,6 +645,8 @@ def source_digest(source: Optional[str], **kw) -> Optional[str]:
 def _fingerprint(cfg: DFlashTrainConfig, evaluation: dict) -> dict:
     "A run's identity: config (minus where it is written), what its inputs hold, and the evaluation settings."
     c = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _WHERE_KEYS}
+    if c.get("length_group_steps") == 1 and cfg.grad_accumulation_steps == 1:   # one micro-batch a step, one process:
+        del c["length_group_steps"]        # grouping leaves it as it is (notebook 11), so earlier results keep their identity
     c["decode_eval_prompts"] = c.pop("n_eval_prompts")    # the key's name before its rename: earlier results stay valid
     inputs = {k: source_digest(getattr(cfg, k)) for k in ("target", "train_data", "eval_data")}
     evaluation = {**evaluation, "prompts": source_digest(evaluation["prompts"])}

@@ -222,3 +222,18 @@ def test_study_py_resolves_its_folders_from_its_own_location(tmp_path):
     r = _run_study(study, "table", "x", cwd=elsewhere)
     assert r.returncode != 0 and "Traceback" not in r.stderr and "seeds must be integers >= 0" in r.stderr, r.stderr[-3000:]
     assert not list(elsewhere.iterdir())                            # nothing was written where it was started
+
+
+def test_stored_study_runs_keep_their_identity():
+    """Today's code computes, for the settings of every kept study-28 run, the fingerprint that run stored: a config key
+    added since (a new default that changes nothing for these runs) must not make 18 hours of finished runs look stale."""
+    from domino_research.ablations import _fingerprint
+    from domino_research.train_config import load_train_config
+    stored_runs = sorted((REPO / "runs/ablations/study28").glob("*/runs/*/seed*/trained.json"))
+    assert len(stored_runs) >= 30, stored_runs
+    for trained in stored_runs:
+        stored = json.loads(trained.read_text())["fingerprint"]["config"]
+        cfg = load_train_config(None, **{k: v for k, v in stored.items() if k != "decode_eval_prompts"})
+        today = _fingerprint(cfg, {"prompts": "embedded:test"})["config"]
+        differ = {k: (today.get(k), stored.get(k)) for k in {*today, *stored} if today.get(k) != stored.get(k)}
+        assert not differ, (trained, differ)
