@@ -1292,6 +1292,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                                           'domino_research/train.py'),
                                        'domino_research.train.TrainDFlashRecipe._check_decode_prompts': ( 'train.html#traindflashrecipe._check_decode_prompts',
                                                                                                           'domino_research/train.py'),
+                                       'domino_research.train.TrainDFlashRecipe._check_finite_weights': ( 'train.html#traindflashrecipe._check_finite_weights',
+                                                                                                          'domino_research/train.py'),
                                        'domino_research.train.TrainDFlashRecipe._check_sharding': ( 'train.html#traindflashrecipe._check_sharding',
                                                                                                     'domino_research/train.py'),
                                        'domino_research.train.TrainDFlashRecipe._claim_run_dir': ( 'train.html#traindflashrecipe._claim_run_dir',

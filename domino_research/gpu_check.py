@@ -577,7 +577,8 @@ def budget_table(parts=PARTS, n_gpus: int = 1) -> list[dict]:
                         f"+ the parts; must be <= {TOTAL_S} s on one GPU")]
 
 # %% ../nbs/35_gpu_check.ipynb #c3bc417c
-def print_budget(rows, file=sys.stderr):
+def print_budget(rows, file=None):
+    file = file or sys.stderr                      # looked up now: a stream bound at import may be closed since
     for r in rows:
         head = f"{r['part']:<18} limit {r['limit_s']:5.0f} s"
         if "cpu_s" in r: head += f" = cpu {r['cpu_s']:.0f} + {r['compiles']} x {r['compile_s']} + {r['margin_s']}"

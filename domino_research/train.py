@@ -644,6 +644,7 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
     rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
     draft_state = self._full_draft_state()               # collective when sharded, like the optimiser's
     optim_state = full_optimizer_state(self.trainer, self.optimizer, acc.is_main_process, sharded)
+    self._check_finite_weights(draft_state, step)         # a finite loss can still step the weights to inf
     if acc.is_main_process:
         loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
                 "grad_accumulation_steps": self.cfg.grad_accumulation_steps}
@@ -654,6 +655,19 @@ def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
             self.replaced = None
     self.saved_step = step
     acc.wait_for_everyone()
+
+@patch
+def _check_finite_weights(self: TrainDFlashRecipe, draft_state, step: int):
+    """Refuse to checkpoint weights that are not all finite (every rank decides together: one collective per save). The
+    loss is checked every step; an update from a finite loss can still overflow the weights, and a checkpoint of them
+    would be resumed."""
+    weights = draft_state if draft_state is not None else self._bare_trainer().draft.state_dict()
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in weights.values() if torch.is_floating_point(t)]
+    finite = torch.stack([torch.isfinite(t).all() for t in local]).all().float() if local else torch.ones(())
+    if reduce_values([finite], "min", self.accelerator)[0] < 1:
+        raise NonFiniteLossError(f"non-finite draft weights after optimiser step {step}; stopped before saving its "
+                                 "checkpoint (the earlier ones are finite). Lower learning_rate or weight_decay, or check the "
+                                 "data.")
 
 # %% ../nbs/34_train.ipynb #1a38bd9b
 @patch

@@ -277,10 +277,10 @@ def test_duplicate_yaml_key_is_refused_with_both_lines(tiny, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ Ctrl-C: one line, never a traceback (issue 36)
-def _ctrl_c_after(args, ready: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def _ctrl_c_after(args, ready: str, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
     "`python args...` interrupted (SIGINT, as Ctrl-C) once `ready` appears in its output: (exit status, stdout, stderr)."
     import signal, threading
-    p = subprocess.Popen([sys.executable, *map(str, args)], env=ENV, cwd=REPO, stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, *map(str, args)], env=env or ENV, cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     seen, lines = threading.Event(), []
     def read():
@@ -301,8 +301,12 @@ def _ctrl_c_after(args, ready: str, timeout: float = 240) -> subprocess.Complete
 
 
 def test_ctrl_c_in_bench_decode_is_one_line():
-    r = _ctrl_c_after(["-m", "domino_research.bench", "decode", "--drafter", "ngram", "--n_eval_prompts", "64",
-                       "--max_new_tokens", "256"], ready="decoding")
+    # piped, bench decode draws no bar (notebook 08): its decoding phase is wrapped here to say when it starts
+    r = _ctrl_c_after(["-c", "import domino_research.evaluation as e, runpy; phase = e.Phase\n"
+                       "def announce(*a, **k): print('decoding starts', flush=True); return phase(*a, **k)\n"
+                       "e.Phase = announce; import sys; sys.argv = ['bench', 'decode', '--drafter', 'ngram', "
+                       "'--n_eval_prompts', '64', '--max_new_tokens', '256']; runpy.run_module('domino_research.bench', "
+                       "run_name='__main__')"], ready="decoding starts")
     assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert [l for l in r.stderr.splitlines() if "error: " in l] == \
         ["error: bench decode: interrupted (Ctrl-C); nothing was written"], r.stderr[-3000:]   # on a line of its own
