@@ -12,7 +12,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from .blocks import document_bounds
 from .config import ConfigError
-from .domino import LOSS_EPS
+from .domino import LOSS_EPS, BlockTargets
 from .draft import DFlashRotaryEmbedding, _rope, _rope_parameters
 from .loss import accept_len, chunked_dual_ce
 
@@ -285,8 +285,10 @@ class Eagle3Trainer(nn.Module):
     def target_lm_head(self) -> nn.Linear: return self._target[1]
 
     def block_targets(self, input_ids, loss_mask, anchors=None, keep=None, position_ids=None):
-        "The TTT labels, counted labels and weights `[B, K, S]` (the recipe's anchors do not apply to EAGLE-3)."
-        return ttt_targets(input_ids, loss_mask, self.ttt_steps, self.ttt_loss_decay, position_ids)
+        """The TTT labels, counted labels and weights `[B, K, S]` and the count of weighted slots, as the recipe's
+        `BlockTargets` (its anchors do not apply to EAGLE-3); called on the host batch, so the count costs no sync."""
+        labels, valid, w = ttt_targets(input_ids, loss_mask, self.ttt_steps, self.ttt_loss_decay, position_ids)
+        return BlockTargets(labels, valid, w, int((w != 0).sum()))
 
     def lambda_base(self, step: int, total_steps: int, cfg) -> float: return 1.0
     def window_metrics(self, metrics: dict) -> dict: return metrics
@@ -311,10 +313,11 @@ def _forward(self: Eagle3Trainer, input_ids, loss_mask, target_hidden, anchor_po
     if tuple(target_hidden.shape[:2]) != tuple(input_ids.shape):
         raise ValueError(f"target_hidden {tuple(target_hidden.shape)} does not match input_ids {tuple(input_ids.shape)} "
                          "in [B, S].")
-    labels, valid, w = targets if targets is not None else self.block_targets(input_ids, loss_mask, position_ids=position_ids)
+    labels, valid, w, n_w = targets if targets is not None else self.block_targets(input_ids, loss_mask,
+                                                                                   position_ids=position_ids)
     hs = ttt_hidden_states(self.draft, self.target_embed, input_ids, target_hidden, self.ttt_steps, position_ids)
     ce = chunked_dual_ce(self.draft.logits_input(hs), self.target_lm_head.weight.detach(), labels, w,
-                         chunk_size=self.ce_chunk_size)
+                         chunk_size=self.ce_chunk_size, n_weighted=n_w)
     wsum = w.sum()
     loss = ce["base_ce_sum"] / (wsum + LOSS_EPS)
     return dict(loss=loss, weight_sum=wsum.detach(), metrics=_ttt_metrics(ce["base_pred"], labels, valid, loss, w))
