@@ -389,13 +389,34 @@ def _add_targets(self: TrainDFlashRecipe, batch) -> torch.Tensor:
 
 # %% ../nbs/34_train.ipynb #5346aaeb
 @patch
-def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None) -> dict:
-    "The trainer's forward on a micro-batch, with this step's λ and the labels and weights `_add_targets` put into it."
-    trainer, model = self._bare_trainer(), model if model is not None else self.trainer
-    lam = trainer.lambda_base(self.scheduler.last_epoch, self.total_steps, self.cfg)   # last_epoch = completed optimiser steps
+def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, lam: float = 1.0) -> dict:
+    """Hook: the trainer's forward on a micro-batch, with the labels and weights `_add_targets` put into it and the base
+    loss's weight `lam` (DFlash trains the base loss alone; the Domino recipe passes its curriculum's λ)."""
+    model = model if model is not None else self.trainer
     return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
                  block_keep=batch["block_keep"], lambda_base=lam, position_ids=batch.get("position_ids"),
                  targets=batch.get("targets"))
+
+# %% ../nbs/34_train.ipynb #b9aacb12
+@patch
+def _empty_extra_eval_metric_sums(self: TrainDFlashRecipe) -> dict:
+    "Hook: validation's pairs beyond the trainer's own, at zero, so every rank declares them: DFlash has none."
+    return {}
+
+@patch
+def _extra_eval_metric_sums(self: TrainDFlashRecipe, out: dict) -> dict:
+    "Hook: a validation forward's pairs beyond the trainer's own (name -> (numerator, denominator)): DFlash has none."
+    return {}
+
+@patch
+def _extra_train_metric_sums(self: TrainDFlashRecipe, out: dict) -> dict:
+    "Hook: a training forward's pairs beyond the trainer's own: DFlash has none."
+    return {}
+
+@patch
+def _log_extra_train_metrics(self: TrainDFlashRecipe, stats: dict) -> dict:
+    "Hook: a training window's logged metrics, with any the recipe derives from them: DFlash derives none."
+    return stats
 
 # %% ../nbs/34_train.ipynb #ff2d5ad7
 @patch
@@ -405,7 +426,8 @@ def validate(self: TrainDFlashRecipe) -> dict:
     if self.eval_set is None: return {}
     acc, trainer = self.accelerator, self._bare_trainer()
     trainer.eval()
-    sums = MetricSums(trainer.eval_metrics, device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
+    names = dict.fromkeys([*trainer.eval_metrics, *self._empty_extra_eval_metric_sums()])     # every rank, the same names
+    sums = MetricSums(names, device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
     order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
     sharded, collective = self._sharded_target(), self._sharded_target() or self._sharded_draft()
     steps = int(-reduce_values([-len(order)], "min", acc)[0]) if collective else len(order)   # the most any rank has
@@ -420,7 +442,7 @@ def validate(self: TrainDFlashRecipe) -> dict:
                 self._run_trainer_step(idle_blocks(batch), feats if sharded else self._features(batch), model=trainer)
         else:
             out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=trainer)
-            sums.add_all(out["metrics"])
+            sums.add_all({**out["metrics"], **self._extra_eval_metric_sums(out)})
         phase.update()
     sums.all_reduce(acc if acc.num_processes > 1 else None)
     trainer.train()
@@ -445,7 +467,7 @@ def _train_window(self: TrainDFlashRecipe, window: list[dict], step: int) -> Opt
     for i, (batch, w) in enumerate(zip(batches, weights)):
         out = self._micro_step(batch, w * world / total, sync=i == len(batches) - 1)
         finite.append(torch.isfinite(out["loss"].detach()))
-        sums.add_all(out["metrics"])                   # stays on the device
+        sums.add_all({**out["metrics"], **self._extra_train_metric_sums(out)})   # stays on the device
     return self._finish_window(finite, sums, step)
 
 # %% ../nbs/34_train.ipynb #5c0e7a11
@@ -486,7 +508,7 @@ def _finish_window(self: TrainDFlashRecipe, finite: list, sums: MetricSums, step
     self.optimizer.step()
     self.scheduler.step()
     self.optimizer.zero_grad(set_to_none=True)
-    return {**self._bare_trainer().window_metrics(sums.result(totals)), "grad_norm": norm}
+    return {**self._log_extra_train_metrics(sums.result(totals)), "grad_norm": norm}
 
 @patch
 def _skip_nonfinite(self: TrainDFlashRecipe, bad: list, step: int) -> None:
@@ -686,8 +708,40 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
 
 # %% ../nbs/34_train.ipynb #b62d43ea
 class TrainDominoRecipe(TrainDFlashRecipe):
-    "The DFlash recipe with the Domino trainer (notebook 05: λ, metrics, the head) and the head's fields in the draft config."
+    """The DFlash recipe with the Domino head. Each hook is Automodel's `train_domino` one and delegates to the Domino
+    trainer (notebook 05), which holds the head, the dual loss, λ's schedule and the head's metrics."""
     config_class, trainer_class = DominoTrainConfig, DominoTrainer
+
+    def setup(self):
+        "The DFlash setup, then λ's schedule over this run's optimiser steps (the config's start and decay)."
+        super().setup()
+        trainer = self._bare_trainer()
+        self.lambda_at = lambda step: trainer.lambda_base(step, self.total_steps, self.cfg)
+        return self
+
+    def _build_trainer_module(self):
+        "The Domino trainer: the draft with its head, and the dual loss λ·base + (1 − λ)·final."
+        return DominoTrainer(self.draft, **self._trainer_kwargs())
+
+    def _run_trainer_step(self, batch, features, model=None, lam: float = 1.0) -> dict:
+        "The trainer's forward with λ after the optimiser steps completed so far (the scheduler counts them)."
+        return super()._run_trainer_step(batch, features, model, lam=self.lambda_at(self.scheduler.last_epoch))
+
+    def _extra_train_metric_sums(self, out: dict) -> dict:
+        "The head's training pairs: the final loss, and λ itself."
+        return {k: out["metrics"][k] for k in ("final_loss", "lambda_base")}
+
+    def _empty_extra_eval_metric_sums(self) -> dict:
+        "Validation's head pair, at zero: the final loss."
+        return {"final_loss": (0.0, 0.0)}
+
+    def _extra_eval_metric_sums(self, out: dict) -> dict:
+        "A validation forward's head pair: the final loss."
+        return {"final_loss": out["metrics"]["final_loss"]}
+
+    def _log_extra_train_metrics(self, stats: dict) -> dict:
+        "The window's metrics with what the head added to the acceptance length (`head_gain`)."
+        return self._bare_trainer().window_metrics(stats)
 
     def _build_dflash_config(self) -> DFlashConfig:
         c = self.cfg

@@ -462,3 +462,46 @@ def test_validation_ends_with_one_summary_line_on_the_main_process_only(tiny, tm
         out, err = capsys.readouterr()
         assert "validation" not in out + err, (out, err)
     finally: recipe.close()
+
+
+# ------------------------------------------------------------------ the recipe's hooks (Automodel's train_domino)
+def _mark_trainer(self):
+    trainer = type(self).__mro__[1]._build_trainer_module(self)
+    trainer.built_by_hook = True
+    return trainer
+
+HOOKS = {  # hook -> (override, what the run then shows)
+    "setup": (lambda self: (type(self).__mro__[1].setup(self), setattr(self, "lambda_at", lambda step: 0.5))[0],
+              lambda r, rows, ev: {x["lambda_base"] for x in rows} == {0.5}),
+    "_build_trainer_module": (_mark_trainer, lambda r, rows, ev: r._bare_trainer().built_by_hook),
+    "_run_trainer_step": (lambda self, b, f, model=None, lam=1.0: TrainDFlashRecipe._run_trainer_step(self, b, f, model, 0.25),
+                          lambda r, rows, ev: {x["lambda_base"] for x in rows} == {0.25}),   # the curriculum's is 1, then 0
+    "_extra_train_metric_sums": (lambda self, out: {"final_loss": (0.0, 1.0), "lambda_base": (0.0, 1.0)},
+                                 lambda r, rows, ev: all(x["final_loss"] == 0.0 for x in rows)),
+    "_empty_extra_eval_metric_sums": (lambda self: {"final_loss": (0.0, 0.0), "marker": (0.0, 0.0)},
+                                      lambda r, rows, ev: ev["eval/marker"] == 0.0),
+    "_extra_eval_metric_sums": (lambda self, out: {"final_loss": (0.0, 1.0)}, lambda r, rows, ev: ev["eval/final_loss"] == 0.0),
+    "_log_extra_train_metrics": (lambda self, stats: {**stats, "extra_stat": 7.0},
+                                 lambda r, rows, ev: all(x["extra_stat"] == 7.0 and "head_gain" not in x for x in rows)),
+}
+
+from domino_research.train import TrainDFlashRecipe, TrainDominoRecipe  # noqa: E402
+
+
+@pytest.mark.parametrize("hook", list(HOOKS))
+def test_each_recipe_hook_changes_the_run(hook, tiny, tmp_path):
+    """TrainDominoRecipe defines each of Automodel's hooks, the loop calls it, and a subclass that overrides it changes
+    what the run trains, sums or logs (the last rows of a 2-step run and its validation)."""
+    assert hook in vars(TrainDominoRecipe), hook
+    from domino_research.train import load_train_config
+    override, shows = HOOKS[hook]
+    Recipe = type("Recipe", (TrainDominoRecipe,), {hook: override})
+    cfg = load_train_config(write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "hooks", "max_steps": 2,
+                                                               "output_dir": str(tmp_path / "runs")}))
+    recipe = Recipe(cfg).setup()
+    try:
+        recipe.run()
+        rows = [json.loads(l) for l in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+        train = [x for x in rows if "loss" in x]
+        assert train and shows(recipe, train, recipe.validate()), (hook, train[-1])
+    finally: recipe.close()
