@@ -29,14 +29,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .config import ConfigError, is_disk_full, looks_local
-from .train_config import CommandLine
+from .config import ConfigError
+from .files import is_disk_full, looks_local
+from .cli import CommandLine
 
 
 # %% auto #0
 __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES', 'CHAT_CACHE_VERSION', 'ChatDataError',
-           'normalize_chat_row', 'load_chat_rows', 'read_jsonl', 'toy_chat_tokenizer', 'assistant_char_spans',
-           'stop_token_ids', 'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
+           'normalize_chat_row', 'read_jsonl_rows', 'load_with_datasets', 'looks_like_json_lines', 'load_chat_rows',
+           'read_jsonl', 'toy_chat_tokenizer', 'check_chat_template', 'assistant_char_spans', 'stop_token_ids',
+           'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
            'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
            'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'group_by_length',
            'epoch_order', 'idle_blocks', 'check_has_anchors']
@@ -99,7 +101,7 @@ def _jsonl_lines(path):
             if raw.strip(): yield lineno, raw
 
 # %% ../nbs/11_data.ipynb #0f64efa2
-def _read_jsonl(path: Path) -> list[tuple[str, object]]:
+def read_jsonl_rows(path: Path) -> list[tuple[str, object]]:
     "Parse JSON Lines (gunzipped when the name ends in `.gz`); each entry is (where, object). Blank lines are skipped."
     return [(f"{path} line {n}", _parse_jsonl_line(path, n, raw)) for n, raw in _jsonl_lines(path)]
 
@@ -129,12 +131,12 @@ def _open_with_datasets(source: str, split: str | None, cache_dir=None) -> datas
     return ds
 
 # %% ../nbs/11_data.ipynb #9b52626f
-def _load_with_datasets(source: str, split: str | None) -> list[tuple[str, object]]:
+def load_with_datasets(source: str, split: str | None) -> list[tuple[str, object]]:
     return [(f"{source} row {i}", row) for i, row in enumerate(_open_with_datasets(source, split))]
 
 # %% ../nbs/11_data.ipynb #ab2b8423
-def _looks_like_json_lines(p: Path) -> bool:
-    with open(p, encoding="utf-8", errors="replace") as f:   # undecodable bytes: _read_jsonl names their line
+def looks_like_json_lines(p: Path) -> bool:
+    with open(p, encoding="utf-8", errors="replace") as f:   # undecodable bytes: read_jsonl_rows names their line
         for line in f:
             if line.strip(): return not line.lstrip().startswith("[")
     return True
@@ -143,7 +145,7 @@ def _looks_like_json_lines(p: Path) -> bool:
 def _chat_source_kind(source) -> str:
     "'jsonl' (read line by line by us) or 'datasets'; an unknown suffix or a missing local path fails here, naming it."
     p = Path(source)
-    if p.is_file() and p.suffix in (".jsonl", ".json") and _looks_like_json_lines(p): return "jsonl"
+    if p.is_file() and p.suffix in (".jsonl", ".json") and looks_like_json_lines(p): return "jsonl"
     if p.is_file() and p.suffix not in _DATASETS_BUILDERS:
         raise ChatDataError(f"{p}: unknown chat data file type (suffix {p.suffix or 'none'!r}); name the file "
                             f"{' / '.join(_DATASETS_BUILDERS)} after its format (JSON Lines: .jsonl)")
@@ -157,14 +159,14 @@ def load_chat_rows(source, split: str | None = None) -> list[dict]:
     """Load and validate chat rows from JSONL, parquet/JSON (via `datasets`), a dataset name, or a list of dicts; all rows
     normalised to messages form."""
     if isinstance(source, (list, tuple)): items = [(f"row {i}", r) for i, r in enumerate(source)]
-    elif _chat_source_kind(source) == "jsonl": items = _read_jsonl(Path(source))
-    else: items = _load_with_datasets(str(source), split)
+    elif _chat_source_kind(source) == "jsonl": items = read_jsonl_rows(Path(source))
+    else: items = load_with_datasets(str(source), split)
     return [normalize_chat_row(row, where) for where, row in items]  # validates every row before returning any
 
 # %% ../nbs/11_data.ipynb #a1c0ffef
 def read_jsonl(path) -> list[dict]:
     "The objects of a JSON Lines file (gunzipped when the name ends in `.gz`); a bad line raises naming the file and line."
-    return [obj for _, obj in _read_jsonl(Path(path))]
+    return [obj for _, obj in read_jsonl_rows(Path(path))]
 
 # %% ../nbs/11_data.ipynb #07a1b65f
 QWEN3_STYLE_CHAT_TEMPLATE = (
@@ -202,7 +204,7 @@ def _end_of_turn_token(tokenizer) -> str:
     raise ChatDataError("tokenizer has neither <|im_end|> nor an eos_token: cannot tell where an assistant turn ends")
 
 # %% ../nbs/11_data.ipynb #404b922b
-def _check_chat_template(tokenizer):
+def check_chat_template(tokenizer):
     if not getattr(tokenizer, "chat_template", None):
         raise ChatDataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; use the target's "
                             "instruct tokenizer or set tokenizer.chat_template (a Jinja string) before building chat data")
@@ -258,7 +260,7 @@ def render_chat(tokenizer, messages: list[dict], enable_thinking: bool = False) 
 # %% ../nbs/11_data.ipynb #fcec3aeb
 def tokenize_chat(tokenizer, messages: list[dict], seq_length: int, enable_thinking: bool = False) -> dict:
     "`render_chat` → `input_ids` and a `loss_mask` that is 1 on assistant tokens (incl. end-of-turn), truncated to `seq_length`."
-    _check_chat_template(tokenizer)
+    check_chat_template(tokenizer)
     text = render_chat(tokenizer, messages, enable_thinking)
     spans = assistant_char_spans(text, messages, _end_of_turn_token(tokenizer))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -309,7 +311,7 @@ def chat_stats_line(stats: dict, seq_length: int) -> str:
 def build_chat_dataset(tokenizer, rows, seq_length: int, enable_thinking: bool = False, verbose: bool = True):
     """Tokenise chat rows in memory → (`datasets.Dataset` with `input_ids`, `loss_mask`; stats dict). Rows without a supervised
     token are skipped and counted."""
-    _check_chat_template(tokenizer)
+    check_chat_template(tokenizer)
     rows = [normalize_chat_row(r, f"row {i}") for i, r in enumerate(rows)]
     cols = {"input_ids": [], "loss_mask": []}
     stats = dict(rows=len(rows), kept=0, skipped_no_assistant=0, skipped_truncated=0, truncated=0, tokens=0, supervised_tokens=0)
@@ -553,7 +555,7 @@ def cached_chat_dataset(source, tokenizer, seq_length: int, cache_dir, enable_th
                         poll_s: float = 2.0) -> tuple[datasets.Dataset, dict]:
     """Tokenised chat rows (`input_ids`, `loss_mask`, `first_label`) of `source`, built once into `cache_dir` and
     memory-mapped after; and the stats. With `build=False` (the other ranks of a launch) wait for the cache instead."""
-    _check_chat_template(tokenizer)
+    check_chat_template(tokenizer)
     source, kind = str(source), _chat_source_kind(source)
     _check_has_rows(source, kind)
     cache_dir = Path(cache_dir).expanduser()

@@ -10,7 +10,6 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
-from fastcore.basics import patch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel, Qwen3Config
@@ -23,12 +22,12 @@ from transformers.models.qwen3.modeling_qwen3 import (Qwen3MLP, Qwen3RMSNorm, Qw
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['ALL_ATTENTION_FUNCTIONS', 'draft_qwen3_config', 'DFlashRotaryEmbedding', 'flex_attention_forward',
-           'attention_function', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation', 'DFlashDraftModel',
-           'gru_dtype']
+__all__ = ['ALL_ATTENTION_FUNCTIONS', 'rope_parameters', 'draft_qwen3_config', 'DFlashRotaryEmbedding', 'apply_rope',
+           'flex_attention_forward', 'attention_function', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation',
+           'gru_dtype', 'DominoHead', 'DFlashDraftModel']
 
 # %% ../nbs/03_draft.ipynb #69e66497
-def _rope_parameters(cfg) -> dict:
+def rope_parameters(cfg) -> dict:
     "RoPE settings of a config: transformers 5 `rope_parameters`, or a 4.x-style top-level `rope_theta` (+ `rope_scaling`)."
     rp = getattr(cfg, "rope_parameters", None)
     if rp: return dict(rp)
@@ -46,7 +45,7 @@ def draft_qwen3_config(target_config, dflash: DFlashConfig, num_draft_layers: in
     T, n = target_config.num_hidden_layers, num_draft_layers
     dflash = dflash.resolve_layers(T, n).validate(vocab_size=target_config.vocab_size, num_target_layers=T)
     heads = target_config.num_attention_heads
-    rope = _rope_parameters(target_config)
+    rope = rope_parameters(target_config)
     cfg = Qwen3Config(
         vocab_size=target_config.vocab_size, hidden_size=target_config.hidden_size,
         intermediate_size=intermediate_size or target_config.intermediate_size, num_hidden_layers=n,
@@ -95,7 +94,7 @@ class DFlashRotaryEmbedding(Qwen3RotaryEmbedding):
         return self
 
 # %% ../nbs/03_draft.ipynb #d51c5bae
-def _rope(x, cos, sin):
+def apply_rope(x, cos, sin):
     "Rotate `x [B, heads, T, d]` by `cos`/`sin [B, T, d]` (HF half-split convention)."
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
@@ -169,7 +168,7 @@ class DFlashAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, S + Q, -1, d)).transpose(1, 2)           # [B, nkv, S+Q, d]
         v = self.v_proj(x).view(B, S + Q, -1, d).transpose(1, 2)                        # [B, nkv, S+Q, d]
         cos, sin = position_embeddings                                                  # [B, S+Q, d]
-        q, k = _rope(q, cos[:, S:], sin[:, S:]), _rope(k, cos, sin)                     # block positions for queries
+        q, k = apply_rope(q, cos[:, S:], sin[:, S:]), apply_rope(k, cos, sin)                     # block positions for queries
         if cache is not None:  # cache the context only; the block's k/v live for this call alone
             k_ctx, v_ctx = cache.update(k[:, :, :S], v[:, :, :S], self.layer_idx)       # [B, nkv, S_cached+S, d]
             k, v = torch.cat([k_ctx, k[:, :, S:]], 2), torch.cat([v_ctx, v[:, :, S:]], 2)
@@ -214,8 +213,93 @@ class HeadActivation(nn.SiLU):
         sig = torch.sigmoid(a)
         return sig * (1 + a * (1 - sig))
 
+# %% ../nbs/03_draft.ipynb #3f02a7b7
+def _require_head(draft):
+    if not hasattr(draft, "embed_proj"):
+        raise ConfigError("this draft has no Domino head (dflash_config.projector_type is not 'domino'): build it with "
+                          "projector_type='domino' to use the head.")
+
+# %% ../nbs/03_draft.ipynb #41b70224
+def gru_dtype(draft) -> torch.dtype:
+    "The dtype the head's GRU computes in: its weights' dtype (fp32 or bf16), fp32 for fp16 weights; never fp16."
+    dt = draft.prefix_gru.weight_ih_l0.dtype
+    return torch.float32 if dt == torch.float16 else dt
+
+# %% ../nbs/03_draft.ipynb #32353ad4
+def _no_autocast(device: torch.device):
+    # CUDA autocast casts every RNN (cuDNN's and the cells) to fp16 whatever autocast dtype the run chose, and a bf16
+    # run has no loss scaler, so small GRU gradients would underflow: the GRU runs outside autocast, in gru_dtype.
+    dev = device.type
+    return torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else nullcontext()
+
+# %% ../nbs/03_draft.ipynb #aeb0c7e2
+class DominoHead:
+    """The Domino head's operations, mixed into `DFlashDraftModel`: everything that touches `prefix_gru` and
+    `embed_proj` (a draft without the head refuses each one)."""
+
+    def head_states(self, embeds: torch.Tensor) -> torch.Tensor:
+        "GRU states `[..., L, G]` after reading each prefix of `embeds [..., L, H]` from a zero state (teacher forcing)."
+        _require_head(self)
+        gru, dt = self.prefix_gru, gru_dtype(self)
+        lead, x = embeds.shape[:-2], embeds.to(dt).reshape(-1, *embeds.shape[-2:])
+        with _no_autocast(embeds.device):
+            if gru.weight_ih_l0.dtype == dt: out, _ = gru(x)
+            else: out, _ = torch.func.functional_call(gru, {n: p.to(dt) for n, p in gru.named_parameters()}, (x,))
+        return out.reshape(*lead, *out.shape[-2:])
+
+    def head_step(self, embed: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
+        "One GRU step: the state `[N, G]` after reading `embed [N, H]` from state `h [N, G]` (None: zero state)."
+        _require_head(self)
+        dt = gru_dtype(self)
+        w_ih, w_hh = self.prefix_gru.weight_ih_l0.to(dt), self.prefix_gru.weight_hh_l0.to(dt)  # gate order r, z, n
+        if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=dt)
+        with _no_autocast(embed.device): return torch.gru_cell(embed.to(dt), h.to(dt), w_ih, w_hh)
+
+    def head_input(self, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        "The head's input `[z ; s]` `[..., H+G]` (the layout `embed_proj.0.weight` was trained on)."
+        return torch.cat([z, s.to(z.dtype)], -1)
+
+    def head_delta(self, z: torch.Tensor, s: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        "Logit correction `[..., V]` (or `[..., K]` for vocabulary `ids [K]`) of backbone outputs `z` and GRU states `s`."
+        _require_head(self)
+        proj_in, act, proj_out = self.embed_proj
+        u = act(proj_in(self.head_input(z, s)))                                   # [..., E]
+        return proj_out(u) if ids is None else F.linear(u, proj_out.weight[ids])
+
+    def head_ce_inputs(self) -> dict:
+        "What the fused cross-entropy needs besides `head_input`: `proj_in [E, H+G]`, `proj_out [V, E]`, the activation."
+        _require_head(self)
+        proj_in, act, proj_out = self.embed_proj
+        return dict(proj_in=proj_in.weight, proj_out=proj_out.weight, activation=act)
+
+    def head_rollout(self,
+                     z: torch.Tensor,            # [n, H] backbone outputs of the slots to correct, in order
+                     base: torch.Tensor,         # [n, V] their base logits
+                     read: torch.Tensor,         # [m, H] embeddings the GRU reads first (m >= 1)
+                     embed_table: torch.Tensor,  # [V, H] embedding of a chosen id (the target's input embedding)
+                     candidate_k: int = 0,       # > 0: correct only the top-K base ids of each slot
+                    ) -> list[int]:
+        "Greedy corrected ids of `n` slots; the GRU reads `read`, then each chosen id's embedding before the next slot."
+        _require_head(self)
+        w_in, act, w_out = self.embed_proj[0].weight, self.embed_proj[1], self.embed_proj[2].weight
+        zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
+        w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
+        pool = 0 < candidate_k < base.shape[-1]
+        h, out = None, []
+        for e in read.split(1): h = self.head_step(e, h)                            # [1, G]; cells: cheaper than nn.GRU here
+        for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
+            u = act(torch.addmv(zk, w_s, h[0].to(w_s.dtype)))                       # [E]
+            if pool:
+                top = bk.topk(candidate_k).indices                                  # [K]
+                d = int(top[torch.addmv(bk[top], w_out[top], u).argmax()])
+            else: d = int(torch.addmv(bk, w_out, u).argmax())
+            out.append(d)
+            if k + 1 < len(zin): h = self.head_step(embed_table[d : d + 1], h)    # the one GRU path (its precision)
+        return out
+
+
 # %% ../nbs/03_draft.ipynb #2be5947f
-class DFlashDraftModel(PreTrainedModel):
+class DFlashDraftModel(DominoHead, PreTrainedModel):
     "DFlash draft backbone (+ Domino head parameters) on the target's captured features; on-disk names of notebook 31."
     config_class = Qwen3Config
     base_model_prefix = "draft"
@@ -229,7 +313,7 @@ class DFlashDraftModel(PreTrainedModel):
         super().__init__(config)
         dflash = _dflash_of(config)
         if getattr(config, "rope_theta", None) is None:  # keep writing the top-level copy (notebook 31) after a reload
-            config.rope_theta = _rope_parameters(config)["rope_theta"]
+            config.rope_theta = rope_parameters(config)["rope_theta"]
         H, L = config.hidden_size, len(dflash.target_layer_ids)
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(L * H, H, bias=False)
@@ -270,94 +354,3 @@ class DFlashDraftModel(PreTrainedModel):
             h = layer(h, context, position_embeddings=position_embeddings, attention_mask=attention_mask,
                       cache=past_key_values)
         return self.norm(h)                                                             # [B, Q, H]
-
-# %% ../nbs/03_draft.ipynb #3f02a7b7
-def _require_head(draft):
-    if not hasattr(draft, "embed_proj"):
-        raise ConfigError("this draft has no Domino head (dflash_config.projector_type is not 'domino'): build it with "
-                          "projector_type='domino' to use the head.")
-
-# %% ../nbs/03_draft.ipynb #41b70224
-def gru_dtype(draft) -> torch.dtype:
-    "The dtype the head's GRU computes in: its weights' dtype (fp32 or bf16), fp32 for fp16 weights; never fp16."
-    dt = draft.prefix_gru.weight_ih_l0.dtype
-    return torch.float32 if dt == torch.float16 else dt
-
-# %% ../nbs/03_draft.ipynb #32353ad4
-def _no_autocast(device: torch.device):
-    # CUDA autocast casts every RNN (cuDNN's and the cells) to fp16 whatever autocast dtype the run chose, and a bf16
-    # run has no loss scaler, so small GRU gradients would underflow: the GRU runs outside autocast, in gru_dtype.
-    dev = device.type
-    return torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else nullcontext()
-
-# %% ../nbs/03_draft.ipynb #aeb0c7e2
-@patch
-def head_states(self: DFlashDraftModel, embeds: torch.Tensor) -> torch.Tensor:
-    "GRU states `[..., L, G]` after reading each prefix of `embeds [..., L, H]` from a zero state (teacher forcing)."
-    _require_head(self)
-    gru, dt = self.prefix_gru, gru_dtype(self)
-    lead, x = embeds.shape[:-2], embeds.to(dt).reshape(-1, *embeds.shape[-2:])
-    with _no_autocast(embeds.device):
-        if gru.weight_ih_l0.dtype == dt: out, _ = gru(x)
-        else: out, _ = torch.func.functional_call(gru, {n: p.to(dt) for n, p in gru.named_parameters()}, (x,))
-    return out.reshape(*lead, *out.shape[-2:])
-
-# %% ../nbs/03_draft.ipynb #a9c07d33
-@patch
-def head_step(self: DFlashDraftModel, embed: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
-    "One GRU step: the state `[N, G]` after reading `embed [N, H]` from state `h [N, G]` (None: zero state)."
-    _require_head(self)
-    dt = gru_dtype(self)
-    w_ih, w_hh = self.prefix_gru.weight_ih_l0.to(dt), self.prefix_gru.weight_hh_l0.to(dt)  # gate order r, z, n
-    if h is None: h = embed.new_zeros(embed.shape[0], w_hh.shape[1], dtype=dt)
-    with _no_autocast(embed.device): return torch.gru_cell(embed.to(dt), h.to(dt), w_ih, w_hh)
-
-# %% ../nbs/03_draft.ipynb #5a474fd7
-@patch
-def head_input(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    "The head's input `[z ; s]` `[..., H+G]` (the layout `embed_proj.0.weight` was trained on)."
-    return torch.cat([z, s.to(z.dtype)], -1)
-
-# %% ../nbs/03_draft.ipynb #e8ee9260
-@patch
-def head_delta(self: DFlashDraftModel, z: torch.Tensor, s: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-    "Logit correction `[..., V]` (or `[..., K]` for vocabulary `ids [K]`) of backbone outputs `z` and GRU states `s`."
-    _require_head(self)
-    proj_in, act, proj_out = self.embed_proj
-    u = act(proj_in(self.head_input(z, s)))                                   # [..., E]
-    return proj_out(u) if ids is None else F.linear(u, proj_out.weight[ids])
-
-# %% ../nbs/03_draft.ipynb #b75eab0a
-@patch
-def head_ce_inputs(self: DFlashDraftModel) -> dict:
-    "What the fused cross-entropy needs besides `head_input`: `proj_in [E, H+G]`, `proj_out [V, E]`, the activation."
-    _require_head(self)
-    proj_in, act, proj_out = self.embed_proj
-    return dict(proj_in=proj_in.weight, proj_out=proj_out.weight, activation=act)
-
-# %% ../nbs/03_draft.ipynb #911553fd
-@patch
-def head_rollout(self: DFlashDraftModel,
-                 z: torch.Tensor,            # [n, H] backbone outputs of the slots to correct, in order
-                 base: torch.Tensor,         # [n, V] their base logits
-                 read: torch.Tensor,         # [m, H] embeddings the GRU reads first (m >= 1)
-                 embed_table: torch.Tensor,  # [V, H] embedding of a chosen id (the target's input embedding)
-                 candidate_k: int = 0,       # > 0: correct only the top-K base ids of each slot
-                ) -> list[int]:
-    "Greedy corrected ids of `n` slots; the GRU reads `read`, then each chosen id's embedding before the next slot."
-    _require_head(self)
-    w_in, act, w_out = self.embed_proj[0].weight, self.embed_proj[1], self.embed_proj[2].weight
-    zin = F.linear(z.to(w_in.dtype), w_in[:, : z.shape[-1]]).unbind(0)        # n x [E]: the z part of every slot
-    w_s, base = w_in[:, z.shape[-1]:], base.to(w_out.dtype)                    # [E, G], [n, V]
-    pool = 0 < candidate_k < base.shape[-1]
-    h, out = None, []
-    for e in read.split(1): h = self.head_step(e, h)                            # [1, G]; cells: cheaper than nn.GRU here
-    for k, (zk, bk) in enumerate(zip(zin, base.unbind(0))):
-        u = act(torch.addmv(zk, w_s, h[0].to(w_s.dtype)))                       # [E]
-        if pool:
-            top = bk.topk(candidate_k).indices                                  # [K]
-            d = int(top[torch.addmv(bk[top], w_out[top], u).argmax()])
-        else: d = int(torch.addmv(bk, w_out, u).argmax())
-        out.append(d)
-        if k + 1 < len(zin): h = self.head_step(embed_table[d : d + 1], h)    # the one GRU path (its precision)
-    return out

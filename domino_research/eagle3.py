@@ -13,13 +13,14 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 from .blocks import document_bounds
 from .config import ConfigError
 from .domino import LOSS_EPS, BlockTargets
-from .draft import DFlashRotaryEmbedding, _rope, _rope_parameters
+from .draft import DFlashRotaryEmbedding, apply_rope, rope_parameters
 from .loss import accept_len, chunked_dual_ce
 
 # %% auto #0
-__all__ = ['eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Attention', 'ttt_attention', 'Eagle3DecoderLayer', 'Eagle3Cache',
-           'draft_layer_ids', 'Eagle3DraftModel', 'ttt_input_ids', 'ttt_label_index', 'ttt_feature', 'ttt_positions',
-           'ttt_context_mask', 'ttt_targets', 'ttt_hidden_states', 'Eagle3Trainer']
+__all__ = ['eagle3_layer_ids', 'check_eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Attention', 'ttt_attention',
+           'Eagle3DecoderLayer', 'Eagle3Cache', 'draft_layer_ids', 'Eagle3DraftModel', 'ttt_input_ids',
+           'ttt_label_index', 'ttt_feature', 'ttt_positions', 'ttt_context_mask', 'ttt_targets', 'ttt_hidden_states',
+           'Eagle3Trainer']
 
 # %% ../nbs/20_eagle3.ipynb #1e0cb1cb
 def eagle3_layer_ids(num_target_layers: int) -> list[int]:
@@ -32,7 +33,7 @@ def eagle3_layer_ids(num_target_layers: int) -> list[int]:
     return ids
 
 # %% ../nbs/20_eagle3.ipynb #545ebc8c
-def _check_layer_ids(ids, T: int) -> list[int]:
+def check_eagle3_layer_ids(ids, T: int) -> list[int]:
     ids = list(ids)
     if len(ids) != 3 or not all(isinstance(i, int) and 0 <= i < T for i in ids) or ids != sorted(set(ids)):
         raise ConfigError(f"target_layer_ids: EAGLE-3 fuses three increasing target layers in [0, {T}), got {ids}; "
@@ -43,8 +44,8 @@ def eagle3_qwen3_config(target_config, target_layer_ids=None, block_size: int = 
                         intermediate_size: int | None = None) -> Qwen3Config:
     "The config of an EAGLE-3 draft of `target_config`: one layer, the target's sizes, the fused layers and block size."
     T = target_config.num_hidden_layers
-    ids = _check_layer_ids(eagle3_layer_ids(T) if target_layer_ids is None else target_layer_ids, T)
-    heads, rope = target_config.num_attention_heads, _rope_parameters(target_config)
+    ids = check_eagle3_layer_ids(eagle3_layer_ids(T) if target_layer_ids is None else target_layer_ids, T)
+    heads, rope = target_config.num_attention_heads, rope_parameters(target_config)
     cfg = Qwen3Config(
         vocab_size=target_config.vocab_size, hidden_size=target_config.hidden_size,
         intermediate_size=intermediate_size or target_config.intermediate_size, num_hidden_layers=1,
@@ -76,7 +77,7 @@ class Eagle3Attention(nn.Module):
         "q `[B, nh, Q, d]`, k, v `[B, nkv, Q, d]` of `x [B, Q, 2H]`, q and k rotated by `cos`/`sin [B, Q, d]`."
         B, Q, d = x.shape[0], x.shape[1], self.head_dim
         q, k, v = (p(x).view(B, Q, -1, d).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 # %% ../nbs/20_eagle3.ipynb #52349215
 def _kv_heads(t: Tensor, heads: int) -> Tensor:
@@ -145,7 +146,7 @@ def draft_layer_ids(config) -> list[int]:
     if ids is None:
         raise ConfigError("draft config has no eagle_config.eagle_aux_hidden_state_layer_ids: this is not an EAGLE-3 draft "
                           "config; build it with eagle3_qwen3_config(target_config).")
-    return _check_layer_ids(ids, getattr(config, "num_target_layers", None) or max(ids) + 1)
+    return check_eagle3_layer_ids(ids, getattr(config, "num_target_layers", None) or max(ids) + 1)
 
 class Eagle3DraftModel(PreTrainedModel):
     "The EAGLE-3 draft: `fc` over three fused target layers, one `midlayer`, the final `norm` (SpecForge's names)."
@@ -156,7 +157,7 @@ class Eagle3DraftModel(PreTrainedModel):
 
     def __init__(self, config: Qwen3Config):
         super().__init__(config)
-        if getattr(config, "rope_theta", None) is None: config.rope_theta = _rope_parameters(config)["rope_theta"]
+        if getattr(config, "rope_theta", None) is None: config.rope_theta = rope_parameters(config)["rope_theta"]
         H = config.hidden_size
         self.fc = nn.Linear(len(draft_layer_ids(config)) * H, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)

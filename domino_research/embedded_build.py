@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-from .train_config import CommandLine, signature_defaults
+from .cli import CommandLine, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
@@ -550,7 +550,7 @@ def _stages(text: str) -> tuple[str, ...]:
     return stages
 
 # %% ../nbs/14_embedded_build.ipynb #daf1b382
-from .train_config import number_in
+from .cli import number_in
 
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."

@@ -3,22 +3,22 @@
 # %% ../nbs/17_lifecycle.ipynb #9aaf8524
 from __future__ import annotations
 import dataclasses, json, os, pickle, random, re, shutil, socket, tempfile, threading, time, warnings
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import torch, yaml
 from accelerate.utils import broadcast_object_list, gather_object
 
-from .config import ConfigError, DFlashConfig, dumps_strict, is_disk_full, no_space, write_atomic
+from .config import ConfigError, DFlashConfig
+from .files import dumps_strict, is_disk_full, no_space, write_atomic, written_or_removed
 
 # %% auto #0
 __all__ = ['CONTRACT_KEYS', 'RUN_MARKER', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
-           'write_run_config', 'append_metrics', 'list_checkpoints', 'save_checkpoint', 'restore_rng',
-           'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint', 'check_resumed_config',
-           'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state', 'resume_position',
-           'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'check_reuse', 'claim_run_dir',
-           'check_wandb', 'RunInterrupted', 'interrupted_at']
+           'write_run_config', 'fault_point', 'append_metrics', 'save_draft', 'list_checkpoints', 'save_checkpoint',
+           'rng_state', 'restore_rng', 'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint',
+           'check_resumed_config', 'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state',
+           'resume_position', 'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'is_inside',
+           'check_reuse', 'claim_run_dir', 'check_wandb', 'RunInterrupted', 'interrupted_at']
 
 # %% ../nbs/17_lifecycle.ipynb #d70bf211
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",
@@ -40,9 +40,6 @@ def check_contract(saved: dict, current: dict, where):
         lines = ", ".join(f"{k}: checkpoint {a!r} vs config {b!r}" for k, (a, b) in sorted(diff.items()))
         raise ConfigError(f"refusing to resume from {where}: the draft contract differs ({lines}). "
                           "Resume with the checkpoint's settings or start a new run_name.")
-
-# %% ../nbs/17_lifecycle.ipynb #5b22cd0c
-def _write_json(path, obj): write_atomic(path, dumps_strict(obj, indent=2) + "\n")   # NaN/inf -> null
 
 # %% ../nbs/17_lifecycle.ipynb #e7cd5ab9
 def read_metrics(path) -> list[dict]:
@@ -68,7 +65,7 @@ def write_run_config(run_dir: Path, cfg):
     write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
 
 # %% ../nbs/17_lifecycle.ipynb #b47f4115
-def _fault_point(name):
+def fault_point(name):
     "Test hook: DOMINO_FAULT_SLEEP=<name>:<seconds> pauses at the named point so a test can kill the process there."
     spec = os.environ.get("DOMINO_FAULT_SLEEP", "")
     if spec.startswith(name + ":"): time.sleep(float(spec.rsplit(":", 1)[1]))
@@ -93,29 +90,15 @@ def append_metrics(metrics_file, stats: dict):
         if is_disk_full(e): raise no_space(metrics_file, len(line), RESUME_FIX) from None
         raise
 
-# %% ../nbs/17_lifecycle.ipynb #342f6620
-@contextmanager
-def _written_or_removed(tmp: Path, size, target: Path, fix: str):
-    """Around writing the temp folder `tmp`: if the write fails or is interrupted, `tmp` goes (it is no checkpoint, and
-    it holds the space a full disk lacks); a full disk is then one `NoSpaceError` naming `target` and the space needed
-    (`size()`, counted only then)."""
-    try: yield
-    except BaseException as e:
-        needed = size()
-        full = is_disk_full(e, tmp.parent, needed)          # asked before the cleanup frees the space again
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full: raise no_space(target, needed, fix) from None
-        raise
-
 # %% ../nbs/17_lifecycle.ipynb #b7291bd5
-def _export_draft(draft, out: Path, state_dict: Optional[dict] = None):
+def save_draft(draft, out: Path, state_dict: Optional[dict] = None):
     "Save the draft (weights: `state_dict` if given) to `out` through a temp folder: `out` is whole or absent, never half."
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     size = lambda: _tensor_bytes(draft.state_dict() if state_dict is None else state_dict) + 2**20
-    with _written_or_removed(tmp, size, out, RESUME_FIX):
+    with written_or_removed(tmp, size, out, RESUME_FIX):
         draft.save_pretrained(tmp, state_dict=state_dict)
-        _fault_point("export-draft")
+        fault_point("export-draft")
     if out.exists(): shutil.rmtree(out)
     os.replace(tmp, out)
 
@@ -137,7 +120,7 @@ def _write_step(tmp: Path, step: int, draft, draft_state, state: dict, contract:
     draft.save_pretrained(tmp / "draft", **({} if draft_state is None else {"state_dict": draft_state}))
     (tmp / "contract.json").write_text(json.dumps(contract, indent=2))
     (tmp / "config.json").write_text(json.dumps(config, indent=2))          # what `check_resumed_config` compares
-    _fault_point(f"checkpoint-step-{step}")
+    fault_point(f"checkpoint-step-{step}")
     torch.save(state, tmp / "state.pt")
     files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "files.json").write_text(json.dumps(files, indent=2))
@@ -155,17 +138,17 @@ def save_checkpoint(run_dir, step: int, draft, optimizer, scheduler, loop_state:
     optim = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     state = {"optimizer": optim, "scheduler": scheduler.state_dict(), "loop": loop_state, "rng": rng}
     weights = lambda: draft.state_dict() if draft_state is None else draft_state     # sized only if the save fails
-    with _written_or_removed(tmp, lambda: _tensor_bytes(weights()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
+    with written_or_removed(tmp, lambda: _tensor_bytes(weights()) + _tensor_bytes(state) + 2**20, final, RESUME_FIX):
         _write_step(tmp, step, draft, draft_state, state, contract, config)
-    _fault_point(f"checkpoint-written-{step}")
+    fault_point(f"checkpoint-written-{step}")
     if final.exists(): shutil.rmtree(final)
     os.replace(tmp, final)
-    _fault_point(f"checkpoint-renamed-{step}")
+    fault_point(f"checkpoint-renamed-{step}")
     for old in list_checkpoints(run_dir)[:-keep]: shutil.rmtree(old, ignore_errors=True)
     return final
 
 # %% ../nbs/17_lifecycle.ipynb #7a1c84d3
-def _rng_state(generator: torch.Generator) -> dict:
+def rng_state(generator: torch.Generator) -> dict:
     "This rank's streams; of CUDA's, its own device's only (a rank draws from no other)."
     return {"anchor_generator": generator.get_state(), "torch": torch.get_rng_state(),
             "python": random.getstate(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -396,7 +379,7 @@ def settle_run_dir(run_dir) -> str:
     return "restored"
 
 # %% ../nbs/17_lifecycle.ipynb #7e0083d9
-def _inside(path, run_dir) -> bool:
+def is_inside(path, run_dir) -> bool:
     "Whether checkpoint `path` (a `resume` value) lies in `run_dir` (`latest` always does)."
     if path is None: return False
     return path == "latest" or Path(run_dir).resolve() in Path(path).resolve().parents
@@ -421,7 +404,7 @@ def check_reuse(run_dir, cfg):
     again = "pass overwrite=true to replace it (the old run is kept until the new one has saved), or choose another run_name"
     if cfg.resume is None:
         raise ConfigError(f"run_name: {run_dir} already exists; pass resume=latest to continue it, {again}")
-    if not _inside(cfg.resume, run_dir):
+    if not is_inside(cfg.resume, run_dir):
         raise ConfigError(f"resume: {cfg.resume} is another run's checkpoint and {run_dir} already exists: a resumed fork "
                           f"needs its own run folder; {again}")
     if cfg.resume == "latest" and not list_checkpoints(run_dir):     # nothing to resume: only a run's own start may restart

@@ -24,11 +24,12 @@ import torch
 from .progress import hf_bars_off, progress_bar
 from transformers import GenerationConfig
 
-from .config import ConfigError, looks_local, write_atomic
-from .train_config import CommandLine, signature_defaults
+from .config import ConfigError
+from .files import looks_local, write_atomic
+from .cli import CommandLine, signature_defaults
 from domino_research.data import (
     ChatDataError,
-    _check_chat_template,
+    check_chat_template,
     load_chat_rows,
     normalize_chat_row,
     stop_token_ids,
@@ -540,7 +541,7 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."""
     _check_settings(max_new_tokens, temperature, batch_size)
     server = isinstance(target, OpenAIServer)
-    if not server or tokenizer is not None: _check_chat_template(tokenizer)   # a server renders with its own template
+    if not server or tokenizer is not None: check_chat_template(tokenizer)   # a server renders with its own template
     rows = load_chat_rows(rows)  # validates every row before anything is written
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

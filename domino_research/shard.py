@@ -10,7 +10,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from .config import ConfigError
-from .target import _decoder_layers
+from .target import decoder_layers
 
 # %% auto #0
 __all__ = ['shard_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names', 'full_draft_state',
@@ -20,7 +20,7 @@ __all__ = ['shard_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_gra
 def shard_target(target):
     "FSDP2 over the target's decoder: one unit per decoder layer under the decoder's root; the rest stays whole."
     from torch.distributed.fsdp import fully_shard
-    decoder, layers = target.get_decoder(), _decoder_layers(target)
+    decoder, layers = target.get_decoder(), decoder_layers(target)
     for layer in layers: fully_shard(layer, reshard_after_forward=True)
     fully_shard(decoder, ignored_params=set(decoder.parameters()) - set(layers.parameters()))
     return target
