@@ -17,7 +17,8 @@ from typing import Literal, Optional
 import yaml
 
 from .cli import CommandLine
-from .config import ConfigError, check_ranges, config_from_dict, in_range, range_phrase, ranged
+from .config import (ConfigError, TypeMismatch, check_ranges, coerce_value, config_from_dict, in_range,
+                                     range_phrase, ranged, type_name)
 
 # %% auto #0
 __all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
@@ -345,8 +346,6 @@ def parse_train_args(argv: list[str]) -> tuple[Optional[str], dict]:
     return ns.pop("config", None), ns
 
 # %% ../nbs/09_train_config.ipynb #9b02c0de
-from .config import coerce_value, TypeMismatch, type_name
-
 def _example(key: str, tp) -> str:
     "How to pass a value of type `tp` with papermill: text goes through -r (raw), since -p would parse 16 as a number."
     return f"-r {key} <text>" if tp is str else f"-p {key} <{type_name(tp)}>"
