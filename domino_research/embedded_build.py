@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-from .cli import CommandLine, signature_defaults
+from .cli import CommandLine, number_in, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
@@ -550,13 +550,11 @@ def _stages(text: str) -> tuple[str, ...]:
     return stages
 
 # %% ../nbs/14_embedded_build.ipynb #daf1b382
-from .cli import number_in
-
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
     d = signature_defaults(build_embedded)                                # the defaults are the function's
     b = CommandLine(prog="python -m domino_research.embedded_build",
-                                description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
+                    description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
     b.add_argument("--out", required=True, type=Path, help="the folder to build into")
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
     b.add_argument("--steps", type=int, default=d["steps"], help="the target's training steps")
