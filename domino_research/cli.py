@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from .config import in_range, range_phrase
 
 # %% auto #0
-__all__ = ['parse_bool', 'number_in', 'HelpFormatter', 'CommandLine', 'signature_defaults']
+__all__ = ['number_in', 'HelpFormatter', 'CommandLine', 'signature_defaults']
 
 # %% ../nbs/08b_cli.ipynb #ff3db623
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 # %% auto #0
-__all__ = ['ConfigError', 'type_name', 'TypeMismatch', 'coerce_value', 'check_value', 'config_from_dict', 'ranged', 'parse_range',
-           'in_range', 'range_phrase', 'check_ranges', 'default_target_layer_ids', 'DFlashConfig']
+__all__ = ['ConfigError', 'type_name', 'TypeMismatch', 'coerce_value', 'config_from_dict', 'ranged', 'parse_range', 'in_range',
+           'range_phrase', 'check_ranges', 'default_target_layer_ids', 'DFlashConfig']
 
 # %% ../nbs/00_config.ipynb #d2c001a4
 class ConfigError(ValueError):

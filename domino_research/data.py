@@ -35,13 +35,12 @@ from .cli import CommandLine
 
 
 # %% auto #0
-__all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_FEATURES', 'CHAT_CACHE_VERSION', 'ChatDataError',
-           'normalize_chat_row', 'read_jsonl_rows', 'load_with_datasets', 'looks_like_json_lines', 'load_chat_rows',
-           'read_jsonl', 'toy_chat_tokenizer', 'check_chat_template', 'assistant_char_spans', 'stop_token_ids',
-           'render_chat', 'tokenize_chat', 'show_loss_mask', 'chat_stats_line', 'build_chat_dataset',
-           'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError', 'CacheBuildInterrupted', 'cached_chat_dataset',
-           'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops', 'repetition_score', 'group_by_length',
-           'epoch_order', 'idle_blocks', 'check_has_anchors']
+__all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_CACHE_VERSION', 'ChatDataError', 'normalize_chat_row',
+           'read_jsonl_rows', 'load_with_datasets', 'looks_like_json_lines', 'load_chat_rows', 'read_jsonl',
+           'toy_chat_tokenizer', 'check_chat_template', 'stop_token_ids', 'render_chat', 'tokenize_chat',
+           'show_loss_mask', 'build_chat_dataset', 'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError',
+           'CacheBuildInterrupted', 'cached_chat_dataset', 'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops',
+           'repetition_score', 'group_by_length', 'epoch_order', 'idle_blocks', 'check_has_anchors']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):

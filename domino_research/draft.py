@@ -24,7 +24,7 @@ from .config import ConfigError, DFlashConfig
 # %% auto #0
 __all__ = ['ALL_ATTENTION_FUNCTIONS', 'rope_parameters', 'draft_qwen3_config', 'DFlashRotaryEmbedding', 'apply_rope',
            'flex_attention_forward', 'attention_function', 'DFlashAttention', 'DFlashDecoderLayer', 'HeadActivation',
-           'gru_dtype', 'DominoHead', 'DFlashDraftModel']
+           'DominoHead', 'DFlashDraftModel']
 
 # %% ../nbs/03_draft.ipynb #69e66497
 def rope_parameters(cfg) -> dict:

@@ -34,10 +34,9 @@ from .embedded import MANIFEST_NAME
 
 # %% auto #0
 __all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
-           'stdlib_modules', 'function_signature', 'function_body', 'user_prompt', 'has_docstring', 'extract_functions',
-           'dedupe_rows', 'split_by_module', 'build_corpus', 'write_jsonl', 'train_tokenizer', 'tokenizer_texts',
-           'target_config', 'chat_tokens', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
-           'save_target', 'response_stats', 'build_embedded', 'main']
+           'stdlib_modules', 'has_docstring', 'extract_functions', 'build_corpus', 'write_jsonl', 'train_tokenizer',
+           'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target',
+           'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DATA_SUFFIXES', 'looks_local', 'finite_or_none', 'dumps_strict', 'NoSpaceError', 'is_disk_full', 'format_bytes',
-           'no_space', 'write_atomic', 'write_json', 'written_or_removed']
+__all__ = ['DATA_SUFFIXES', 'looks_local', 'dumps_strict', 'NoSpaceError', 'is_disk_full', 'no_space', 'write_atomic',
+           'write_json', 'written_or_removed']
 
 # %% ../nbs/08a_files.ipynb #5cf342ed
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".gz")

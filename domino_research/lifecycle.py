@@ -15,12 +15,10 @@ from .config import ConfigError, DFlashConfig
 from .files import dumps_strict, is_disk_full, no_space, write_atomic, written_or_removed
 
 # %% auto #0
-__all__ = ['CONTRACT_KEYS', 'RUN_MARKER', 'RESUME_FIX', 'RESUMABLE_KEYS', 'draft_contract', 'check_contract', 'read_metrics',
-           'write_run_config', 'fault_point', 'append_metrics', 'save_draft', 'list_checkpoints', 'save_checkpoint',
-           'rng_state', 'restore_rng', 'checkpoint_damage', 'load_checkpoint_state', 'resume_checkpoint',
-           'check_resumed_config', 'check_global_batch', 'choose_checkpoint', 'read_checkpoint', 'load_resume_state',
-           'resume_position', 'trim_metrics', 'RunLock', 'replaced_dir', 'set_aside', 'settle_run_dir', 'is_inside',
-           'check_reuse', 'claim_run_dir', 'check_wandb', 'RunInterrupted', 'interrupted_at']
+__all__ = ['CONTRACT_KEYS', 'RUN_MARKER', 'draft_contract', 'read_metrics', 'write_run_config', 'fault_point', 'append_metrics',
+           'save_draft', 'list_checkpoints', 'save_checkpoint', 'rng_state', 'restore_rng', 'checkpoint_damage',
+           'load_checkpoint_state', 'load_resume_state', 'resume_position', 'trim_metrics', 'RunLock', 'set_aside',
+           'settle_run_dir', 'is_inside', 'claim_run_dir', 'check_wandb', 'RunInterrupted', 'interrupted_at']
 
 # %% ../nbs/17_lifecycle.ipynb #d70bf211
 CONTRACT_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "shift_label", "projector_type",

@@ -38,9 +38,8 @@ from domino_research.data import (
 from .target import check_device, check_target_path, load_target, load_tokenizer
 
 # %% auto #0
-__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'MAX_TEMPERATURE', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint',
-           'run_identity', 'meta_path', 'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars',
-           'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
+__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'ServerError', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
+           'merge_shards', 'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:

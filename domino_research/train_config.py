@@ -21,10 +21,9 @@ from .config import (ConfigError, TypeMismatch, check_ranges, coerce_value, conf
                                      range_phrase, ranged, type_name)
 
 # %% auto #0
-__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'OVERRIDES', 'RENAMED_KEYS', 'DFlashTrainConfig', 'DominoTrainConfig',
-           'Eagle3TrainConfig', 'check_run_name', 'validate_train_config', 'find_config', 'shipped_configs',
-           'Yaml12Loader', 'yaml_load', 'read_config_file', 'recipe_config_class', 'load_train_config',
-           'field_comments', 'field_groups', 'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
+__all__ = ['CONFIG_DIR', 'RECIPE_CONFIGS', 'DFlashTrainConfig', 'DominoTrainConfig', 'Eagle3TrainConfig', 'check_run_name',
+           'validate_train_config', 'shipped_configs', 'read_config_file', 'recipe_config_class', 'load_train_config',
+           'train_parser', 'parse_train_args', 'check_params', 'data_cache_dir']
 
 # %% ../nbs/09_train_config.ipynb #1d368880
 @dataclass
