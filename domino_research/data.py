@@ -510,7 +510,7 @@ def _folder_bytes(folder: Path) -> int:
 def _full_disk_error(e: BaseException) -> OSError | None:
     "The full-disk `OSError` behind `e`, if any: `datasets` wraps a writer's ENOSPC in its own DatasetGenerationError."
     while e is not None:
-        if isinstance(e, OSError) and is_disk_full(e): return e          # the one test of a full disk (notebook 00)
+        if isinstance(e, OSError) and is_disk_full(e): return e          # the one test of a full disk (notebook 08a)
         e = e.__cause__ or e.__context__
     return None
 
