@@ -17,7 +17,8 @@ import numpy as np
 import yaml
 import torch
 
-from .config import ConfigError, dumps_strict, write_atomic
+from .config import ConfigError
+from .files import dumps_strict, write_atomic
 from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from .config import dumps_strict
-from .train_config import CommandLine, signature_defaults
+from .files import dumps_strict
+from .cli import CommandLine, signature_defaults
 from .evaluation import decode_bench
 from .target import check_device
 from .progress import hf_bars_off
 from .loss import chunked_dual_ce, naive_dual_ce
-from .memory import _RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
+from .memory import RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
 
 # %% auto #0
 __all__ = ['VARIANTS', 'MAX_PROCESSES', 'NGRAM_OPTIONS', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
@@ -479,7 +479,7 @@ def _memory_mask_bytes(config: str, micro_batch_size: int | None) -> int:
     mask, B·q·(S + q) float32 for q = num_anchors·block_size query slots (the rest are fake tensors)."""
     raw, d = read_recipe_config(config), signature_defaults(measure_memory)
     recipe = raw.get("recipe", "domino")
-    size = lambda k: raw.get(k) or _RECIPE_DEFAULTS.get(recipe, {}).get(k) or d[k]
+    size = lambda k: raw.get(k) or RECIPE_DEFAULTS.get(recipe, {}).get(k) or d[k]
     B, S, q = micro_batch_size or size("micro_batch_size"), size("seq_length"), size("num_anchors") * size("block_size")
     return B * q * (S + q) * 4
 

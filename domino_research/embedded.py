@@ -12,7 +12,7 @@ from pathlib import Path
 
 import domino_research
 from .config import ConfigError
-from .train_config import CommandLine
+from .cli import CommandLine
 
 # %% auto #0
 __all__ = ['SPLITS', 'EMBEDDED_DIR', 'CORPUS_DIR', 'TARGET_DIR', 'DATA_DIR', 'MANIFEST_NAME', 'QUALITY_NAME', 'MASK',

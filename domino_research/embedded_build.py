@@ -23,7 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-from .train_config import CommandLine, signature_defaults
+from .cli import CommandLine, number_in, signature_defaults
 from .progress import Phase
 from .data import QWEN3_SPECIAL_TOKENS, collate_chat, line_loop, read_jsonl, token_cycle, tokenize_chat
 from .regenerate import meta_path, regenerate
@@ -34,10 +34,9 @@ from .embedded import MANIFEST_NAME
 
 # %% auto #0
 __all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
-           'stdlib_modules', 'function_signature', 'function_body', 'user_prompt', 'has_docstring', 'extract_functions',
-           'dedupe_rows', 'split_by_module', 'build_corpus', 'write_jsonl', 'train_tokenizer', 'tokenizer_texts',
-           'target_config', 'chat_tokens', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
-           'save_target', 'response_stats', 'build_embedded', 'main']
+           'stdlib_modules', 'has_docstring', 'extract_functions', 'build_corpus', 'write_jsonl', 'train_tokenizer',
+           'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target',
+           'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -550,13 +549,11 @@ def _stages(text: str) -> tuple[str, ...]:
     return stages
 
 # %% ../nbs/14_embedded_build.ipynb #daf1b382
-from .train_config import number_in
-
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
     d = signature_defaults(build_embedded)                                # the defaults are the function's
     b = CommandLine(prog="python -m domino_research.embedded_build",
-                                description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
+                    description="Build the embedded default into --out (about 40 min on 2 CPU cores).")
     b.add_argument("--out", required=True, type=Path, help="the folder to build into")
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
     b.add_argument("--steps", type=int, default=d["steps"], help="the target's training steps")

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from .config import dumps_strict, looks_local
+from .files import dumps_strict, looks_local
 from .progress import Phase
 from domino_research.data import (
     ChatDataError,
-    _load_with_datasets,
-    _looks_like_json_lines,
-    _read_jsonl,
+    load_with_datasets,
+    looks_like_json_lines,
+    read_jsonl_rows,
     loops,
     normalize_chat_row,
     repetition_score,
@@ -31,14 +31,15 @@ from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_gen
                                     sample_generate, speculative_generate)
 from .draft import DFlashDraftModel
 from .embedded import embedded_dataset_path, load_embedded_target, resolve_data_path, resolve_target_path
-from .lifecycle import _write_json
+from .files import write_json
 from .export import check_draft_folder, find_draft_dir, load_draft
 from .stats import pooled_tau_ratio
 from .target import check_target_path, load_target, load_tokenizer
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
-           'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench']
+           'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench', 'decode_eval',
+           'print_summary']
 
 # %% ../nbs/32_evaluation.ipynb #d09b2cc9
 def prompt_messages(messages: list[dict], where: str) -> list[dict]:
@@ -103,11 +104,11 @@ def read_prompts(source, split: str | None = None) -> list[dict]:
     if isinstance(source, (list, tuple)): items = [(f"row {i}", r) for i, r in enumerate(source)]
     else:
         p = Path(source)
-        tabular = p.suffix in (".parquet", ".arrow", ".csv") or (p.suffix == ".json" and not _looks_like_json_lines(p))
-        if p.is_file() and not tabular: items = _read_jsonl(p)          # JSON Lines (also .gz): errors name the line
-        elif p.is_file(): items = _load_with_datasets(str(p), split)
+        tabular = p.suffix in (".parquet", ".arrow", ".csv") or (p.suffix == ".json" and not looks_like_json_lines(p))
+        if p.is_file() and not tabular: items = read_jsonl_rows(p)          # JSON Lines (also .gz): errors name the line
+        elif p.is_file(): items = load_with_datasets(str(p), split)
         elif looks_local(source) or p.exists(): raise FileNotFoundError(f"prompts file {p} does not exist")
-        else: items = _load_with_datasets(str(source), split)             # a hub name: `datasets` (offline: one line)
+        else: items = load_with_datasets(str(source), split)             # a hub name: `datasets` (offline: one line)
     out = [prompt_record(row, where, i) for i, (where, row) in enumerate(items)]   # every row checked first
     if not out: raise ChatDataError(f"{source}: no prompts (the file is empty)")
     return out
@@ -500,18 +501,18 @@ def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_
     return res
 
 # %% ../nbs/32_evaluation.ipynb #2ec69f9f
-def _decode_eval(cfg) -> dict:
+def decode_eval(cfg) -> dict:
     "Real speculative decoding of a finished run's exported draft against its target on the test prompts: `eval.json`."
     prompts = resolve_data_path(cfg.decode_prompts or "embedded:test")
     res = evaluate_draft(str(cfg.run_dir / "draft"), target=resolve_target_path(cfg.target), prompts=prompts,
                          n_prompts=cfg.n_eval_prompts, max_new_tokens=cfg.decode_max_new_tokens,
                          enable_thinking=cfg.enable_thinking, trust_remote_code=cfg.trust_remote_code)
-    _write_json(cfg.run_dir / "eval.json", res)
+    write_json(cfg.run_dir / "eval.json", res)
     plot_eval(res, cfg.run_dir / "plots")
     return {f"decode/{k}": v for k, v in res.items() if isinstance(v, (int, float, bool))}
 
 # %% ../nbs/32_evaluation.ipynb #55c8489f
-def _print_summary(cfg, result: dict):
+def print_summary(cfg, result: dict):
     "One line of a finished run's headline figures."
     parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()
              if k.startswith(("eval/accept_len", "eval/accuracy", "eval/loss", "decode/tau", "decode/speedup", "decode/lossless",

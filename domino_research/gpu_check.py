@@ -14,8 +14,9 @@ import torch
 import yaml
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .config import DFlashConfig, dumps_strict
-from .train_config import CommandLine
+from .config import DFlashConfig
+from .files import dumps_strict
+from .cli import CommandLine
 from .blocks import sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer

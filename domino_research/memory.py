@@ -26,8 +26,8 @@ from .target import TargetLoadError, capture_features, freeze, hf_load, target_e
 
 # %% auto #0
 __all__ = ['QWEN3_8B_CONFIG_DIR', 'GiB', 'CUDA_CONTEXT_BYTES', 'NCCL_BYTES', 'FRAGMENTATION', 'CATEGORIES', 'CONFIG_DIR',
-           'memory_target_config', 'RealIntegers', 'allowance', 'measure_memory', 'memory_table', 'read_recipe_config',
-           'measure_config', 'estimate_step_memory', 'format_memory', 'estimate_memory']
+           'RECIPE_DEFAULTS', 'memory_target_config', 'RealIntegers', 'allowance', 'measure_memory', 'memory_table',
+           'read_recipe_config', 'measure_config', 'estimate_step_memory', 'format_memory', 'estimate_memory']
 
 # %% ../nbs/16_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"
@@ -272,7 +272,7 @@ CONFIG_DIR = Path(domino_research.__file__).parent / "configs"
 _MEASURE_KEYS = ("recipe", "gradient_checkpointing", "micro_batch_size", "seq_length", "num_anchors", "block_size",
                  "draft_num_hidden_layers", "draft_intermediate_size", "target_layer_ids", "shift_label", "emb_dim",
                  "gru_hidden_dim", "pure_draft_prefix_len", "loss_decay_gamma", "shard_draft", "shard_target")
-_RECIPE_DEFAULTS = {"domino": dict(shift_label=True, num_anchors=256), "dflash": dict(shift_label=False, num_anchors=512)}
+RECIPE_DEFAULTS = {"domino": dict(shift_label=True, num_anchors=256), "dflash": dict(shift_label=False, num_anchors=512)}
 
 def read_recipe_config(config: str) -> dict:
     "A training YAML (path, or shipped name such as `qwen3_8b_domino`) as a dict, read without executing anything."
@@ -291,7 +291,7 @@ def measure_config(config: str, num_processes: int = 1, gradient_as_bucket_view:
     "`measure_memory` at a recipe config's sizes on `num_processes` ranks; `overrides` (None = the file's) win."
     raw = read_recipe_config(config)
     recipe = overrides.get("recipe") or raw.get("recipe", "domino")
-    kw = {**_RECIPE_DEFAULTS.get(recipe, {}), **{k: raw[k] for k in _MEASURE_KEYS if k in raw},
+    kw = {**RECIPE_DEFAULTS.get(recipe, {}), **{k: raw[k] for k in _MEASURE_KEYS if k in raw},
           **{k: v for k, v in overrides.items() if v is not None}, "recipe": recipe}
     r = measure_memory(memory_target_config(raw.get("target", "embedded")), world_size=num_processes,
                        gradient_as_bucket_view=gradient_as_bucket_view, **kw)

@@ -24,11 +24,12 @@ import torch
 from .progress import hf_bars_off, progress_bar
 from transformers import GenerationConfig
 
-from .config import ConfigError, looks_local, write_atomic
-from .train_config import CommandLine, signature_defaults
+from .config import ConfigError
+from .files import looks_local, write_atomic
+from .cli import CommandLine, signature_defaults
 from domino_research.data import (
     ChatDataError,
-    _check_chat_template,
+    check_chat_template,
     load_chat_rows,
     normalize_chat_row,
     stop_token_ids,
@@ -37,9 +38,8 @@ from domino_research.data import (
 from .target import check_device, check_target_path, load_target, load_tokenizer
 
 # %% auto #0
-__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'MAX_TEMPERATURE', 'ServerError', 'request_seed', 'OpenAIServer', 'target_fingerprint',
-           'run_identity', 'meta_path', 'identity_diff', 'parse_shard', 'merge_shards', 'prompt_chars',
-           'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
+__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'ServerError', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
+           'merge_shards', 'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -540,7 +540,7 @@ def regenerate(target, tokenizer, rows, out_path, max_new_tokens: int = 512, tem
     an `OpenAIServer`); append JSONL to `out_path`, resumably. Returns stats."""
     _check_settings(max_new_tokens, temperature, batch_size)
     server = isinstance(target, OpenAIServer)
-    if not server or tokenizer is not None: _check_chat_template(tokenizer)   # a server renders with its own template
+    if not server or tokenizer is not None: check_chat_template(tokenizer)   # a server renders with its own template
     rows = load_chat_rows(rows)  # validates every row before anything is written
     out_path, mpath = Path(out_path), meta_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,12 +13,13 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .config import ConfigError, DFlashConfig, looks_local
+from .config import ConfigError, DFlashConfig
+from .files import looks_local
 
 # %% auto #0
 __all__ = ['TRUST_OPT_IN', 'freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'hf_load', 'load_target_config',
-           'load_tokenizer', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids', 'capture_features',
-           'check_draft_fits_target']
+           'load_tokenizer', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids', 'decoder_layers',
+           'capture_features', 'check_draft_fits_target']
 
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -179,7 +180,7 @@ def check_layer_ids(layer_ids, num_layers: int, where: str = "target_layer_ids")
     return ids
 
 # %% ../nbs/10_target.ipynb #074b81ac
-def _decoder_layers(target) -> nn.ModuleList:
+def decoder_layers(target) -> nn.ModuleList:
     layers = getattr(target.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"{type(target).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
@@ -191,7 +192,7 @@ def capture_features(
     target, input_ids, layer_ids, attention_mask=None, position_ids=None, stop_early: bool = True
 ) -> torch.Tensor:
     "Outputs of decoder layers `layer_ids` (before any final norm), concatenated in id order → [B, S, L·H]. No grad."
-    layers = _decoder_layers(target)
+    layers = decoder_layers(target)
     ids = check_layer_ids(layer_ids, len(layers))
     feats = None  # [B, S, L·H], allocated at the first hook (dtype/device of the hidden states)
     def hook_for(j, is_last):

@@ -16,7 +16,8 @@ from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwar
 from fastcore.basics import patch
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
-from .config import ConfigError, DFlashConfig, NoSpaceError
+from .config import ConfigError, DFlashConfig
+from .files import NoSpaceError
 from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config,
                                           parse_train_args, shipped_configs)
 from .progress import Phase, hf_bars_off, progress_bar
@@ -29,37 +30,19 @@ from .reduce import MetricSums, reduce_tensor, reduce_values, to_host
 from .target import (capture_features, check_target_path, load_target, load_target_config, load_tokenizer,
                                     target_embed, target_lm_head)
 from .embedded import resolve_data_path, resolve_target_path
-from .evaluation import _decode_eval, _print_summary, load_prompts
+from .evaluation import decode_eval, print_summary, load_prompts
 from .plots import plot_training
 from .data import ChatDataError, cached_chat_dataset, check_has_anchors, collate_chat, epoch_order, idle_blocks
 from .regenerate import check_data_thinking, target_fingerprint
 from .export import describe_run_draft
-from .export import _read_figures, export_eagle3_draft
+from .export import read_figures, export_eagle3_draft
 from .packing import check_packed_blocks, check_target_separates_documents, pack_dataset, packing_summary
 from .memory import estimate_memory, format_memory
-from domino_research.lifecycle import (
-    RunInterrupted,
-    _export_draft,
-    _fault_point,
-    _inside,
-    _rng_state,
-    _write_json,
-    append_metrics,
-    check_wandb,
-    claim_run_dir,
-    draft_contract,
-    interrupted_at,
-    list_checkpoints,
-    load_resume_state,
-    read_metrics,
-    restore_rng,
-    resume_position,
-    save_checkpoint,
-    set_aside,
-    settle_run_dir,
-    trim_metrics,
-    write_run_config,
-)
+from .lifecycle import (RunInterrupted, save_draft, fault_point, is_inside, rng_state, append_metrics,
+                                       check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
+                                       load_resume_state, read_metrics, restore_rng, resume_position, save_checkpoint,
+                                       set_aside, settle_run_dir, trim_metrics, write_run_config)
+from .files import write_json
 from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
                                    no_sync, shard_draft, shard_target)
 
@@ -529,7 +512,7 @@ def run(self: TrainDFlashRecipe) -> dict:
     run_dir, acc = self.cfg.run_dir, self.accelerator
     self.replaced, created = None, False
     if acc.is_main_process:
-        if self.cfg.overwrite and not _inside(self.cfg.resume, run_dir): self.replaced = set_aside(run_dir)
+        if self.cfg.overwrite and not is_inside(self.cfg.resume, run_dir): self.replaced = set_aside(run_dir)
         created = not run_dir.exists()
     acc.wait_for_everyone()
     try:
@@ -617,7 +600,7 @@ def _log_step(self: TrainDFlashRecipe, metrics_file: Path, stats: dict, step: in
     stats.update(step=step, epoch=epoch, lr=self.scheduler.get_last_lr()[0])
     if self.cfg.eval_every_steps and step % self.cfg.eval_every_steps == 0: stats.update(self.validate())
     self._log(metrics_file, stats, step)
-    _fault_point("optimiser-step")
+    fault_point("optimiser-step")
     self.bar.update(1)
     self.bar.set_postfix(loss=f"{stats['loss']:.3f}", accept_len=f"{stats['accept_len']:.2f}",
                          **({"lam": f"{stats['lambda_base']:.2f}"} if "lambda_base" in stats else {}))
@@ -646,8 +629,8 @@ def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: in
     draft_state = self._full_draft_state()             # collective when the draft is sharded
     self.stage = f"exporting the draft to {run_dir / 'draft'}"
     if acc.is_main_process:
-        _export_draft(self._bare_trainer().draft, run_dir / "draft", draft_state)
-        _write_json(run_dir / "summary.json", final)
+        save_draft(self._bare_trainer().draft, run_dir / "draft", draft_state)
+        write_json(run_dir / "summary.json", final)
     acc.wait_for_everyone()
     return final
 
@@ -663,7 +646,7 @@ def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
 def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
     acc, sharded = self.accelerator, self._sharded_draft()
     if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
-    rng = gather_object([_rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
+    rng = gather_object([rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
     draft_state = self._full_draft_state()               # collective when sharded, like the optimiser's
     optim_state = full_optimizer_state(self.trainer, self.optimizer, acc.is_main_process, sharded)
     self._check_finite_weights(draft_state, step)         # a finite loss can still step the weights to inf
@@ -807,7 +790,7 @@ class TrainEagle3Recipe(TrainDFlashRecipe):
         record = {"target": c.target, "target_fingerprint": getattr(self, "target_fingerprint", None), "data": c.train_data,
                   **{k: getattr(c, k) for k in ("recipe", "seq_length", "ttt_steps", "ttt_loss_decay", "block_size",
                                                 "micro_batch_size", "grad_accumulation_steps", "learning_rate", "seed")},
-                  **_read_figures(c.run_dir / "summary.json", ("eval/", "step"))}
+                  **read_figures(c.run_dir / "summary.json", ("eval/", "step"))}
         return export_eagle3_draft(c.run_dir / "draft", c.run_dir / "served", self.target, record)
 
 # %% ../nbs/34_train.ipynb #a95b9e7a
@@ -823,9 +806,9 @@ def main(config_path=None, **overrides) -> dict:
             if recipe.accelerator.is_main_process:
                 recipe.stage = "drawing the training curves and evaluating the exported draft"
                 plot_training(read_metrics(cfg.run_dir / "metrics.jsonl"), cfg.run_dir / "plots" / "training.png")
-                if cfg.n_eval_prompts > 0: result.update(_decode_eval(cfg))
+                if cfg.n_eval_prompts > 0: result.update(decode_eval(cfg))
                 recipe.describe_draft()           # after eval.json: the card carries the decode figures
-                _print_summary(cfg, result)
+                print_summary(cfg, result)
     except KeyboardInterrupt:              # where it stopped and how to go on, in one line (notebook 17)
         raise RunInterrupted(interrupted_at(cfg.run_dir, getattr(recipe, "stage", "setting up"), cfg.overwrite)) from None
     finally: recipe.close()

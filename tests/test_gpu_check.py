@@ -225,7 +225,7 @@ def _cycle_calls(tmp_path, eval_every_steps=None):
         calls.append([])
         recipe = T.TrainDominoRecipe(T.load_train_config(str(tmp_path / "c.yaml"), resume=resume))
         with mock.patch.dict(D.ALL_ATTENTION_FUNCTIONS._local_mapping, {"sdpa": recording}), \
-             mock.patch.object(T, "_fault_point", fault):
+             mock.patch.object(T, "fault_point", fault):
             try:
                 recipe.setup()
                 recipe.run()

@@ -485,20 +485,20 @@ def test_ctrl_c_during_save_and_export_is_one_line_and_resumes(tiny, tmp_path, c
     import domino_research.lifecycle as L, domino_research.train as T
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "int",
                                              "max_steps": 2, "save_every_steps": 1})
-    run, real = tmp_path / "runs" / "int", L._fault_point      # checkpoints and the export are the lifecycle's
+    run, real = tmp_path / "runs" / "int", L.fault_point      # checkpoints and the export are the lifecycle's
     def ctrl_c_at(point): return lambda name: signal.raise_signal(signal.SIGINT) if name == point else None
-    monkeypatch.setattr(L, "_fault_point", ctrl_c_at("checkpoint-step-2"))
+    monkeypatch.setattr(L, "fault_point", ctrl_c_at("checkpoint-step-2"))
     code, err, lines = cli_lines(capsys, ["--config", cfg])
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "interrupted while saving checkpoint step-2" in lines[0] and str(run / "checkpoints" / "step-1") in lines[0]
     assert "--resume latest" in lines[0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1"]   # the half-written step-2 is gone
-    monkeypatch.setattr(L, "_fault_point", ctrl_c_at("export-draft"))
+    monkeypatch.setattr(L, "fault_point", ctrl_c_at("export-draft"))
     code, err, lines = cli_lines(capsys, ["--config", cfg, "--resume", "latest"])
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "interrupted while exporting the draft" in lines[0] and "step-2" in lines[0] and "--resume latest" in lines[0]
     assert not (run / ".draft.tmp").exists() and not (run / "draft").exists()
-    monkeypatch.setattr(L, "_fault_point", real)
+    monkeypatch.setattr(L, "fault_point", real)
     for _ in range(2):                                            # stopped during export, then finished: resume both
         assert T.main(cfg, resume="latest")["step"] == 2
         rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -525,13 +525,13 @@ def test_ctrl_c_during_an_overwrite_gives_advice_that_works(tiny, tmp_path, caps
                                              "max_steps": 2, "save_every_steps": 1})
     from domino_research.train import cli
     cli(["--config", cfg])                                               # a finished run, then its replacement
-    real = L._fault_point
+    real = L.fault_point
     ctrl_c = lambda name: signal.raise_signal(signal.SIGINT) if name == "checkpoint-step-2" else None
-    monkeypatch.setattr(L, "_fault_point", ctrl_c)
+    monkeypatch.setattr(L, "fault_point", ctrl_c)
     argv = ["--config", cfg, "--overwrite", "true"]
     code, err, lines = cli_lines(capsys, argv)
     assert code == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    monkeypatch.setattr(L, "_fault_point", real)
+    monkeypatch.setattr(L, "fault_point", real)
     followed = _follow(argv, lines[0].split("continue with the same command ", 1)[1])
     try: cli(followed)                                                   # exits only on a refusal
     except SystemExit as e: raise AssertionError(f"{followed}: {capsys.readouterr().err[-3000:]}") from e
