@@ -10,11 +10,12 @@ import torch
 from accelerate.utils import DistributedType
 
 from .config import ConfigError
-from .target import _decoder_layers
+from .target import (TargetLoadError, _decoder_layers, freeze, load_target_config, target_dtype,
+                                    target_folder)
 
 # %% auto #0
-__all__ = ['shard_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names', 'full_draft_state',
-           'full_optimizer_state', 'load_optimizer_state']
+__all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
+           'full_draft_state', 'full_optimizer_state', 'load_optimizer_state']
 
 # %% ../nbs/18_shard.ipynb #bc9d1b78
 def shard_target(target):
@@ -24,6 +25,49 @@ def shard_target(target):
     for layer in layers: fully_shard(layer, reshard_after_forward=True)
     fully_shard(decoder, ignored_params=set(decoder.parameters()) - set(layers.parameters()))
     return target
+
+# %% ../nbs/18_shard.ipynb #6794da61
+def _to_empty_keeping_buffers(model: torch.nn.Module, device) -> torch.nn.Module:
+    "Storage on `device` for every meta tensor (uninitialised); the buffers, computed at init, keep their values."
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to_empty(device=device)
+    for name, b in buffers.items(): model.get_buffer(name).copy_(b)
+    return model
+
+# %% ../nbs/18_shard.ipynb #c7918703
+def _state_to_read(model: torch.nn.Module, folder) -> dict:
+    "The model's tensors the safetensors files hold (a tied copy they leave out is skipped); missing or misshapen: one line."
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    stored = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+    state = model.state_dict(keep_vars=True)
+    read = {id(t) for name, t in state.items() if name in stored}
+    missing = [name for name, t in state.items() if name not in stored and id(t) not in read]
+    if missing:
+        raise TargetLoadError(f"target {str(folder)!r}: its safetensors files have no tensor {missing[0]!r} ({len(missing)} "
+                              "missing), which its config.json's model needs; set shard_target: false to load it whole")
+    for name, t in state.items():
+        if name in stored and tuple(stored[name].size) != tuple(t.shape):
+            raise TargetLoadError(f"target {str(folder)!r}: {name!r} is stored with shape {tuple(stored[name].size)}, but its "
+                                  f"config.json's model has {tuple(t.shape)}: the files and config.json do not belong together")
+    return {name: t.detach() for name, t in state.items() if name in stored}
+
+# %% ../nbs/18_shard.ipynb #1afb3852
+def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool = False):
+    """The target sharded as `shard_target` shards it, each rank reading from the safetensors files only the rows it keeps
+    (collective: every rank calls it); frozen, in `load_target`'s dtype."""
+    import torch.distributed.checkpoint as dcp
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    device, folder = torch.device(device), target_folder(path_or_id)
+    config = load_target_config(folder, trust_remote_code)       # a folder that carries code: refused unless opted in
+    with init_empty_weights(include_buffers=False):              # parameters on meta, buffers computed on the CPU
+        target = AutoModelForCausalLM.from_config(config, dtype=target_dtype(dtype, device),
+                                                  trust_remote_code=bool(trust_remote_code))
+    if (folder / "generation_config.json").is_file(): target.generation_config = GenerationConfig.from_pretrained(folder)
+    _to_empty_keeping_buffers(shard_target(target), device)
+    target.tie_weights()                                         # a tied LM head shares the embedding's new storage
+    dcp.load(_state_to_read(target, folder), storage_reader=dcp.HuggingFaceStorageReader(str(folder)))
+    return freeze(target)
 
 # %% ../nbs/18_shard.ipynb #a4eaa704
 def check_sharding(shard_draft: bool, acc):
