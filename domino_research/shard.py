@@ -10,8 +10,8 @@ import torch
 from accelerate.utils import DistributedType
 
 from .config import ConfigError
-from .target import (TargetLoadError, _decoder_layers, freeze, load_target_config, target_dtype,
-                                    target_folder)
+from .target import (TargetLoadError, _decoder_layers, freeze, load_target, load_target_config,
+                                    target_dtype, target_folder)
 
 # %% auto #0
 __all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
@@ -35,21 +35,19 @@ def _to_empty_keeping_buffers(model: torch.nn.Module, device) -> torch.nn.Module
     return model
 
 # %% ../nbs/18_shard.ipynb #c7918703
-def _state_to_read(model: torch.nn.Module, folder) -> dict:
-    "The model's tensors the safetensors files hold (a tied copy they leave out is skipped); missing or misshapen: one line."
+def _names_to_read(model: torch.nn.Module, folder) -> Optional[set]:
+    """The names of the model's tensors to read from the safetensors files (a tied copy they leave out is not read); None
+    when the files name them otherwise. A tensor stored in another shape than the config's model has: one line."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     stored = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
     state = model.state_dict(keep_vars=True)
     read = {id(t) for name, t in state.items() if name in stored}
-    missing = [name for name, t in state.items() if name not in stored and id(t) not in read]
-    if missing:
-        raise TargetLoadError(f"target {str(folder)!r}: its safetensors files have no tensor {missing[0]!r} ({len(missing)} "
-                              "missing), which its config.json's model needs; set shard_target: false to load it whole")
+    if any(name not in stored and id(t) not in read for name, t in state.items()): return None
     for name, t in state.items():
         if name in stored and tuple(stored[name].size) != tuple(t.shape):
             raise TargetLoadError(f"target {str(folder)!r}: {name!r} is stored with shape {tuple(stored[name].size)}, but its "
                                   f"config.json's model has {tuple(t.shape)}: the files and config.json do not belong together")
-    return {name: t.detach() for name, t in state.items() if name in stored}
+    return {name for name in state if name in stored}
 
 # %% ../nbs/18_shard.ipynb #1afb3852
 def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool = False):
@@ -63,10 +61,17 @@ def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool 
     with init_empty_weights(include_buffers=False):              # parameters on meta, buffers computed on the CPU
         target = AutoModelForCausalLM.from_config(config, dtype=target_dtype(dtype, device),
                                                   trust_remote_code=bool(trust_remote_code))
+    target.tie_weights()                                         # (init_empty_weights makes each parameter anew: untied)
+    names = _names_to_read(target, folder)
+    if names is None:                 # names only from_pretrained maps (Qwen3-MoE's per-expert tensors): whole, then sharded
+        warnings.warn(f"shard_target: {str(folder)!r} stores its tensors under other names than the model's (transformers "
+                      "renames them on load), so each rank loads the target whole before sharding it", stacklevel=2)
+        return shard_target(load_target(folder, dtype, device, trust_remote_code))
     if (folder / "generation_config.json").is_file(): target.generation_config = GenerationConfig.from_pretrained(folder)
     _to_empty_keeping_buffers(shard_target(target), device)
-    target.tie_weights()                                         # a tied LM head shares the embedding's new storage
-    dcp.load(_state_to_read(target, folder), storage_reader=dcp.HuggingFaceStorageReader(str(folder)))
+    target.tie_weights()                                         # to_empty too: the LM head shares the embedding's storage
+    state = {name: t for name, t in target.state_dict().items() if name in names}
+    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(folder)))
     return freeze(target)
 
 # %% ../nbs/18_shard.ipynb #a4eaa704

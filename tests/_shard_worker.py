@@ -8,7 +8,7 @@ A run with `"force_bf16": true` shards the draft with the CUDA recipe's bf16 `Mi
 parameters, fp32 gradient reduction, the forward under autocast) although the CPU accelerator's mixed precision is
 "no": the same `shard_draft` code, handed an accelerator that says bf16 and autocasts on the CPU. It records the dtype
 a draft layer's weights have during its forward."""
-import json, sys
+import json, sys, warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,8 +54,11 @@ class Measured(TrainDominoRecipe):
         self.draft.layers[0].mlp.register_forward_pre_hook(record)
 
     def _load_target(self):
-        target = super()._load_target()
+        with warnings.catch_warnings(record=True) as caught:     # the whole-then-shard fallback warns: it must not happen
+            warnings.simplefilter("always")
+            target = super()._load_target()
         self.bytes["target_after_load"] = resident(target)
+        self.bytes["target_loaded_whole"] = any("loads the target whole" in str(w.message) for w in caught)
         return target
 
     def _features(self, batch):

@@ -69,11 +69,13 @@ def test_sharded_target_stays_sharded(launch):
     """Each rank's resident target bytes (distinct storages: registered parameters and FSDP's own copies) once loaded,
     after the first forward and after an optimiser step: the embedding/LM head and final norm whole, plus this rank's
     shard of each decoder layer's parameters (at most ceil(rows / world) rows of each), nothing more. The run with the
-    target loaded whole holds all of it: the bound tells the two apart."""
+    target loaded whole holds all of it: the bound tells the two apart. The tiny target ties its LM head to its
+    embedding, and the sharded load read it from the files (no warning of a whole load before sharding)."""
     whole, shard, full = _target_bytes(launch)
     for rank in launch["ranks"]:
         for run in ("ddp", "fsdp"):
             b = rank[run]["bytes"]
+            assert not b["target_loaded_whole"], f"{run}: the target was loaded whole, then sharded"
             for when in ("target_after_load", "target_after_forward", "target_after_step"):
                 assert b[when] <= whole + shard, (
                     f"{run} {when}: {b[when]} bytes resident, sharded is {whole + shard}, whole {full}"
