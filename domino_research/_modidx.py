@@ -1212,6 +1212,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                             'domino_research.regenerate.target_fingerprint': ( 'regenerate.html#target_fingerprint',
                                                                                                'domino_research/regenerate.py')},
             'domino_research.shard': { 'domino_research.shard._fsdp_no_sync': ('shard.html#_fsdp_no_sync', 'domino_research/shard.py'),
+                                       'domino_research.shard._loaded_whole': ('shard.html#_loaded_whole', 'domino_research/shard.py'),
                                        'domino_research.shard._names_to_read': ('shard.html#_names_to_read', 'domino_research/shard.py'),
                                        'domino_research.shard._state_dict_options': ( 'shard.html#_state_dict_options',
                                                                                       'domino_research/shard.py'),

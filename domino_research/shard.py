@@ -50,6 +50,11 @@ def _names_to_read(model: torch.nn.Module, folder) -> Optional[set]:
     return {name for name in state if name in stored}
 
 # %% ../nbs/18_shard.ipynb #1afb3852
+def _loaded_whole(folder, dtype, device, trust_remote_code: bool, why: str):
+    "Where the files cannot be read slice by slice: each rank loads the target whole, then shards it (with a warning)."
+    warnings.warn(f"shard_target: {why}, so each rank loads the target whole before sharding it", stacklevel=3)
+    return shard_target(load_target(folder, dtype, device, trust_remote_code))
+
 def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool = False):
     """The target sharded as `shard_target` shards it, each rank reading from the safetensors files only the rows it keeps
     (collective: every rank calls it); frozen, in `load_target`'s dtype."""
@@ -58,15 +63,16 @@ def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool 
     from transformers import AutoModelForCausalLM, GenerationConfig
     device, folder = torch.device(device), target_folder(path_or_id)
     config = load_target_config(folder, trust_remote_code)       # a folder that carries code: refused unless opted in
+    if getattr(dcp, "HuggingFaceStorageReader", None) is None:   # torch < 2.8
+        return _loaded_whole(folder, dtype, device, trust_remote_code, "this torch cannot read safetensors per rank")
     with init_empty_weights(include_buffers=False):              # parameters on meta, buffers computed on the CPU
         target = AutoModelForCausalLM.from_config(config, dtype=target_dtype(dtype, device),
                                                   trust_remote_code=bool(trust_remote_code))
     target.tie_weights()                                         # (init_empty_weights makes each parameter anew: untied)
     names = _names_to_read(target, folder)
     if names is None:                 # names only from_pretrained maps (Qwen3-MoE's per-expert tensors): whole, then sharded
-        warnings.warn(f"shard_target: {str(folder)!r} stores its tensors under other names than the model's (transformers "
-                      "renames them on load), so each rank loads the target whole before sharding it", stacklevel=2)
-        return shard_target(load_target(folder, dtype, device, trust_remote_code))
+        return _loaded_whole(folder, dtype, device, trust_remote_code, f"{str(folder)!r} stores its tensors under other "
+                             "names than the model's (transformers renames them on load)")
     if (folder / "generation_config.json").is_file(): target.generation_config = GenerationConfig.from_pretrained(folder)
     _to_empty_keeping_buffers(shard_target(target), device)
     target.tie_weights()                                         # to_empty too: the LM head shares the embedding's storage
