@@ -10,8 +10,8 @@ import torch
 from accelerate.utils import DistributedType
 
 from .config import ConfigError
-from .target import (TargetLoadError, _decoder_layers, freeze, load_target, load_target_config,
-                                    target_dtype, target_folder)
+from .target import TargetLoadError, _decoder_layers, freeze, load_target
+from .target import load_target_config, target_dtype, target_folder
 
 # %% auto #0
 __all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
@@ -38,7 +38,13 @@ def _to_empty_keeping_buffers(model: torch.nn.Module, device) -> torch.nn.Module
 def _names_to_read(model: torch.nn.Module, folder) -> Optional[set]:
     """The names of the model's tensors to read from the safetensors files (a tied copy they leave out is not read); None
     when the files name them otherwise. A tensor stored in another shape than the config's model has: one line."""
+    from safetensors import SafetensorError, safe_open
     from torch.distributed.checkpoint import HuggingFaceStorageReader
+    for file in sorted(folder.glob("*.safetensors")):           # a damaged file is named (the reader would not say which)
+        try: safe_open(file, "pt").keys()
+        except (OSError, SafetensorError) as e:
+            raise TargetLoadError(f"target file {str(file)!r} is not a readable safetensors file ({' '.join(str(e).split())}); "
+                                  "copy or download it again") from None
     stored = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
     state = model.state_dict(keep_vars=True)
     read = {id(t) for name, t in state.items() if name in stored}

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -138,7 +139,7 @@ def load_target(path_or_id, dtype=None, device=None, trust_remote_code: bool = F
     check_target_path(path_or_id)
     try: model = hf_load(AutoModelForCausalLM, path_or_id, "target", trust_remote_code, dtype=dtype, device_map={"": device})
     except TargetLoadError: raise
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:
         where = "the local folder has no loadable model" if Path(str(path_or_id)).exists() else \
                 "it is not a local folder, and as a hub id it could not be fetched (offline?)"
         raise TargetLoadError(
