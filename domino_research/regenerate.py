@@ -309,6 +309,7 @@ def target_fingerprint(target) -> str:
     h = hashlib.sha256(json.dumps([cfg, eos], sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, w in sorted(target.state_dict().items()):
+            if hasattr(w, "full_tensor"): w = w.full_tensor()   # a sharded target's: gathered one weight at a time (collective)
             flat = w.reshape(-1)
             sample = flat[:: max(1, flat.numel() // 64)][:64].to("cpu", torch.bfloat16)
             h.update(f"{name}{tuple(w.shape)}".encode())

@@ -12,11 +12,13 @@ import torch
 from accelerate.utils import DistributedType
 
 from .config import ConfigError
-from .target import decoder_layers
+from .target import TargetLoadError, decoder_layers, freeze, load_target
+from .target import load_target_config, target_dtype, target_folder
+
 
 # %% auto #0
-__all__ = ['shard_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names', 'full_draft_state',
-           'full_optimizer_state', 'load_optimizer_state']
+__all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
+           'full_draft_state', 'full_optimizer_state', 'load_optimizer_state']
 
 # %% ../nbs/18_shard.ipynb #bc9d1b78
 def shard_target(target):
@@ -26,6 +28,66 @@ def shard_target(target):
     for layer in layers: fully_shard(layer, reshard_after_forward=True)
     fully_shard(decoder, ignored_params=set(decoder.parameters()) - set(layers.parameters()))
     return target
+
+# %% ../nbs/18_shard.ipynb #6794da61
+def _to_empty_keeping_buffers(model: torch.nn.Module, device) -> torch.nn.Module:
+    "Storage on `device` for every meta tensor (uninitialised); the buffers, computed at init, keep their values."
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to_empty(device=device)
+    for name, b in buffers.items(): model.get_buffer(name).copy_(b)
+    return model
+
+# %% ../nbs/18_shard.ipynb #c7918703
+def _names_to_read(model: torch.nn.Module, folder) -> Optional[set]:
+    """The names of the model's tensors to read from the safetensors files (a tied copy they leave out is not read); None
+    when the files name them otherwise. A tensor stored in another shape than the config's model has: one line."""
+    from safetensors import SafetensorError, safe_open
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    for file in sorted(folder.glob("*.safetensors")):           # a damaged file is named (the reader would not say which)
+        try: safe_open(file, "pt").keys()
+        except (OSError, SafetensorError) as e:
+            raise TargetLoadError(f"target file {str(file)!r} is not a readable safetensors file ({' '.join(str(e).split())}); "
+                                  "copy or download it again") from None
+    stored = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+    state = model.state_dict(keep_vars=True)
+    read = {id(t) for name, t in state.items() if name in stored}
+    if any(name not in stored and id(t) not in read for name, t in state.items()): return None
+    for name, t in state.items():
+        if name in stored and tuple(stored[name].size) != tuple(t.shape):
+            raise TargetLoadError(f"target {str(folder)!r}: {name!r} is stored with shape {tuple(stored[name].size)}, but its "
+                                  f"config.json's model has {tuple(t.shape)}: the files and config.json do not belong together")
+    return {name for name in state if name in stored}
+
+# %% ../nbs/18_shard.ipynb #1afb3852
+def _loaded_whole(folder, dtype, device, trust_remote_code: bool, why: str):
+    "Where the files cannot be read slice by slice: each rank loads the target whole, then shards it (with a warning)."
+    warnings.warn(f"shard_target: {why}, so each rank loads the target whole before sharding it", stacklevel=3)
+    return shard_target(load_target(folder, dtype, device, trust_remote_code))
+
+def load_sharded_target(path_or_id, device, dtype=None, trust_remote_code: bool = False):
+    """The target sharded as `shard_target` shards it, each rank reading from the safetensors files only the rows it keeps
+    (collective: every rank calls it); frozen, in `load_target`'s dtype."""
+    import torch.distributed.checkpoint as dcp
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    device, folder = torch.device(device), target_folder(path_or_id)
+    config = load_target_config(folder, trust_remote_code)       # a folder that carries code: refused unless opted in
+    if getattr(dcp, "HuggingFaceStorageReader", None) is None:   # torch < 2.8
+        return _loaded_whole(folder, dtype, device, trust_remote_code, "this torch cannot read safetensors per rank")
+    with init_empty_weights(include_buffers=False):              # parameters on meta, buffers computed on the CPU
+        target = AutoModelForCausalLM.from_config(config, dtype=target_dtype(dtype, device),
+                                                  trust_remote_code=bool(trust_remote_code))
+    target.tie_weights()                                         # (init_empty_weights makes each parameter anew: untied)
+    names = _names_to_read(target, folder)
+    if names is None:                 # names only from_pretrained maps (Qwen3-MoE's per-expert tensors): whole, then sharded
+        return _loaded_whole(folder, dtype, device, trust_remote_code, f"{str(folder)!r} stores its tensors under other "
+                             "names than the model's (transformers renames them on load)")
+    if (folder / "generation_config.json").is_file(): target.generation_config = GenerationConfig.from_pretrained(folder)
+    _to_empty_keeping_buffers(shard_target(target), device)
+    target.tie_weights()                                         # to_empty too: the LM head shares the embedding's storage
+    state = {name: t for name, t in target.state_dict().items() if name in names}
+    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(folder)))
+    return freeze(target)
 
 # %% ../nbs/18_shard.ipynb #a4eaa704
 def check_sharding(shard_draft: bool, acc):

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -18,8 +19,8 @@ from .files import looks_local
 
 # %% auto #0
 __all__ = ['TRUST_OPT_IN', 'freeze', 'TargetLoadError', 'check_device', 'check_target_path', 'hf_load', 'load_target_config',
-           'load_tokenizer', 'load_target', 'target_embed', 'target_lm_head', 'check_layer_ids', 'decoder_layers',
-           'capture_features', 'check_draft_fits_target']
+           'load_tokenizer', 'target_dtype', 'load_target', 'target_folder', 'target_embed', 'target_lm_head',
+           'check_layer_ids', 'decoder_layers', 'capture_features', 'check_draft_fits_target']
 
 # %% ../nbs/10_target.ipynb #9536aeb6
 def _default_device() -> torch.device: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -125,17 +126,21 @@ def load_tokenizer(path_or_id, trust_remote_code: bool = False, what: str = "tok
                               f"{' '.join(str(e).split())[:300]})") from None
 
 # %% ../nbs/10_target.ipynb #009615f7
+def target_dtype(dtype, device: torch.device) -> torch.dtype:
+    "The dtype the target runs in: `dtype` (a torch dtype or its name) if given, else bf16 on CUDA and fp32 elsewhere."
+    if isinstance(dtype, str): dtype = getattr(torch, dtype)
+    return dtype if dtype is not None else torch.bfloat16 if device.type == "cuda" else torch.float32
+
 def load_target(path_or_id, dtype=None, device=None, trust_remote_code: bool = False) -> PreTrainedModel:
     """Load a causal LM (folder or hub id) frozen: eval, no grad; bf16 on CUDA, fp32 on CPU unless `dtype` is given. Each
     tensor goes from the file straight to `device` (no whole copy in host memory first); its code runs only if trusted."""
     device = torch.device(device) if device is not None else _default_device()
-    if isinstance(dtype, str): dtype = getattr(torch, dtype)
-    if dtype is None: dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = target_dtype(dtype, device)
     if isinstance(path_or_id, PreTrainedModel): return freeze(path_or_id.to(device=device, dtype=dtype))
     check_target_path(path_or_id)
     try: model = hf_load(AutoModelForCausalLM, path_or_id, "target", trust_remote_code, dtype=dtype, device_map={"": device})
     except TargetLoadError: raise
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:
         where = "the local folder has no loadable model" if Path(str(path_or_id)).exists() else \
                 "it is not a local folder, and as a hub id it could not be fetched (offline?)"
         raise TargetLoadError(
@@ -143,6 +148,19 @@ def load_target(path_or_id, dtype=None, device=None, trust_remote_code: bool = F
             f"(save_pretrained layout) or a reachable hub id. ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
         ) from e
     return freeze(model)
+
+# %% ../nbs/10_target.ipynb #418b390f
+def target_folder(path_or_id, what: str = "target") -> Path:
+    "The local folder of the target's files: the folder given, or a hub id's snapshot (json and safetensors files only)."
+    s = check_target_path(path_or_id, what)
+    if Path(s).is_dir(): return Path(s)
+    from huggingface_hub import snapshot_download
+    try: folder = snapshot_download(s, allow_patterns=["*.json", "*.safetensors"])
+    except (OSError, ValueError) as e:
+        raise TargetLoadError(f"{what} {s!r}: not a local folder, and as a hub id its files could not be fetched (offline?); "
+                              f"pass a folder with config.json and safetensors ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]})") from None
+    return Path(check_target_path(folder, what))
 
 # %% ../nbs/10_target.ipynb #8e6c7142
 def target_embed(target) -> nn.Embedding:

@@ -44,7 +44,7 @@ from .lifecycle import (RunInterrupted, save_draft, fault_point, is_inside, rng_
                                        set_aside, settle_run_dir, trim_metrics, write_run_config)
 from .files import write_json
 from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
-                                   no_sync, shard_draft, shard_target)
+                                   load_sharded_target, no_sync, shard_draft)
 
 # %% auto #0
 __all__ = ['RECIPES', 'NonFiniteLossError', 'adamw_kernel', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'TrainEagle3Recipe', 'main',
@@ -203,9 +203,10 @@ def _pack_datasets(self: TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #731d7b60
 @patch
 def _load_target(self: TrainDFlashRecipe):
-    target = load_target(self.target_path, device=self.accelerator.device, trust_remote_code=self.cfg.trust_remote_code)
-    self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; whole weights, before sharding
-    if self._sharded_target(): shard_target(target)   # FSDP2 over its decoder layers (notebook 18)
+    # sharded: each rank reads only the rows of the decoder layers it keeps (FSDP2, notebook 18)
+    load = load_sharded_target if self._sharded_target() else load_target
+    target = load(self.target_path, device=self.accelerator.device, trust_remote_code=self.cfg.trust_remote_code)
+    self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; sharded: gathered weight by weight
     return target
 
 # %% ../nbs/34_train.ipynb #0fabdd5c

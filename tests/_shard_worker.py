@@ -1,13 +1,14 @@
 """Run by tests/test_shard.py under `torchrun` (2 ranks): several short trainings in one launch, with the target sharded
-(`shard_target`), each with the draft replicated (DDP) or sharded (`shard_draft`), some resumed from another's checkpoint.
-Each rank writes, per run, its result and the bytes it holds: the target's parameters after its first forward and after
-the first optimiser step, and the draft's parameters, gradients and AdamW state at that step.
+(`shard_target`: each rank reads only the rows it keeps), each with the draft replicated (DDP) or sharded (`shard_draft`),
+some resumed from another's checkpoint, one against the target loaded whole. Each rank writes, per run, its result, the
+target's fingerprint and the bytes it holds: the target's parameters once loaded, after its first forward and after the
+first optimiser step, and the draft's parameters, gradients and AdamW state at that step.
 
 A run with `"force_bf16": true` shards the draft with the CUDA recipe's bf16 `MixedPrecisionPolicy` (bf16 compute
 parameters, fp32 gradient reduction, the forward under autocast) although the CPU accelerator's mixed precision is
 "no": the same `shard_draft` code, handed an accelerator that says bf16 and autocasts on the CPU. It records the dtype
 a draft layer's weights have during its forward."""
-import json, sys
+import json, sys, warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,6 +53,14 @@ class Measured(TrainDominoRecipe):
         def record(mlp, args): self.bytes.setdefault("compute_dtype", str(mlp.down_proj.weight.dtype))   # returns None
         self.draft.layers[0].mlp.register_forward_pre_hook(record)
 
+    def _load_target(self):
+        with warnings.catch_warnings(record=True) as caught:     # the whole-then-shard fallback warns: it must not happen
+            warnings.simplefilter("always")
+            target = super()._load_target()
+        self.bytes["target_after_load"] = resident(target)
+        self.bytes["target_loaded_whole"] = any("loads the target whole" in str(w.message) for w in caught)
+        return target
+
     def _features(self, batch):
         feats = super()._features(batch)
         self.bytes.setdefault("target_after_forward", resident(self.target))
@@ -80,7 +89,8 @@ for name, overrides in runs:
     recipe.bytes, recipe.force_bf16 = {}, force_bf16
     recipe.setup()
     result = recipe.run()
-    results[name] = {"result": result, "bytes": recipe.bytes, "world": recipe.accelerator.num_processes}
+    results[name] = {"result": result, "bytes": recipe.bytes, "world": recipe.accelerator.num_processes,
+                     "target_fingerprint": recipe.target_fingerprint}
     recipe.lock and recipe.lock.release()
     recipe.accelerator.wait_for_everyone()
 rank = recipe.accelerator.process_index

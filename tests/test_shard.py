@@ -1,8 +1,9 @@
-"""`shard_target` and `shard_draft` on 2 gloo ranks, in one torchrun launch of seven short trainings (tests/_shard_worker.py):
-the target stays sharded between forwards, a sharded draft trains like the DDP one, holds half of its bytes, and its
-checkpoints resume exactly, in its own mode and across modes. Every run clips: `max_grad_norm` is below every gradient
-norm the runs see, so DDP's clipping and the sharded draft's DTensor clipping both act, and must act alike. Two runs
-force the CUDA recipe's bf16 mixed-precision policy on the sharded draft (on CUDA only, otherwise)."""
+"""`shard_target` and `shard_draft` on 2 gloo ranks, in one torchrun launch of eight short trainings (tests/_shard_worker.py):
+the target is loaded sharded (each rank holds only its rows from the start) and stays sharded between forwards, and
+trains the draft exactly as the target loaded whole does; a sharded draft trains like the DDP one, holds half of its
+bytes, and its checkpoints resume exactly, in its own mode and across modes. Every run clips: `max_grad_norm` is below
+every gradient norm the runs see, so DDP's clipping and the sharded draft's DTensor clipping both act, and must act
+alike. Two runs force the CUDA recipe's bf16 mixed-precision policy on the sharded draft (on CUDA only, otherwise)."""
 import json, subprocess, sys
 
 import pytest
@@ -15,7 +16,7 @@ from test_train import ENV, REPO, finished, free_port
 # one worker runs the whole module under `pytest -n 2 --dist loadgroup`: its tests read one launch (the module fixture)
 pytestmark = pytest.mark.xdist_group("shard_launch")
 WORLD = 2
-RUNS = [["ddp", {}], ["fsdp", {"shard_draft": True}],
+RUNS = [["ddp", {}], ["ddp_whole_target", {"shard_target": False}], ["fsdp", {"shard_draft": True}],
         ["fsdp_resumed", {"shard_draft": True, "resume": "fsdp/checkpoints/step-1"}],     # within the mode
         ["ddp_to_fsdp", {"shard_draft": True, "resume": "ddp/checkpoints/step-1"}],       # across modes, both ways
         ["fsdp_to_ddp", {"shard_draft": False, "resume": "fsdp/checkpoints/step-1"}],
@@ -27,7 +28,8 @@ MAX_GRAD_NORM = 0.2
 
 @pytest.fixture(scope="module")
 def launch(tiny, tmp_path_factory):
-    "One 2-rank launch: every run with a sharded target; accumulation 2 (a micro-batch without gradient sync in each step)."
+    """One 2-rank launch: every run but one with a sharded target; accumulation 2 (a micro-batch without gradient sync in
+    each step)."""
     tmp = tmp_path_factory.mktemp("shard")
     runs_dir = tmp / "runs"
     cfg = write_config(tmp / "c.yaml", {**tiny["base"], "output_dir": str(runs_dir), "shard_target": True, "max_steps": 3,
@@ -39,7 +41,7 @@ def launch(tiny, tmp_path_factory):
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", str(REPO / "tests" / "_shard_worker.py"), cfg, str(out), json.dumps(runs)]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=420)
     assert finished(p, out, WORLD), p.stdout[-3000:] + p.stderr[-5000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
     return {"ranks": ranks, "runs": runs_dir, "target": tiny["root"] / "target"}
@@ -53,23 +55,43 @@ def _losses(launch, name):
     return [r["loss"] for r in rows if "loss" in r], [r["eval/loss"] for r in rows if "eval/loss" in r]
 
 
-def test_sharded_target_stays_sharded(launch):
-    """Each rank's resident target bytes (distinct storages: registered parameters and FSDP's own copies), after the first
-    forward and after an optimiser step: the embedding/LM head and final norm whole, plus this rank's shard of each
-    decoder layer's parameters (at most ceil(rows / world) rows of each), nothing more."""
+def _target_bytes(launch):
+    "Bytes of the tiny target's parameters (its dtype on this CPU): the unsharded modules whole, a rank's shard, the whole."
     from transformers import AutoModelForCausalLM
     target = AutoModelForCausalLM.from_pretrained(launch["target"])
     layers = set(target.model.layers.parameters())
     whole = sum({p.data_ptr(): p.numel() * p.element_size() for p in target.parameters() if p not in layers}.values())
     shard = sum(-(-p.shape[0] // WORLD) * (p.numel() // p.shape[0]) * p.element_size() for p in layers)
-    full = whole + sum(p.numel() * p.element_size() for p in layers)
+    return whole, shard, whole + sum(p.numel() * p.element_size() for p in layers)
+
+
+def test_sharded_target_stays_sharded(launch):
+    """Each rank's resident target bytes (distinct storages: registered parameters and FSDP's own copies) once loaded,
+    after the first forward and after an optimiser step: the embedding/LM head and final norm whole, plus this rank's
+    shard of each decoder layer's parameters (at most ceil(rows / world) rows of each), nothing more. The run with the
+    target loaded whole holds all of it: the bound tells the two apart. The tiny target ties its LM head to its
+    embedding, and the sharded load read it from the files (no warning of a whole load before sharding)."""
+    whole, shard, full = _target_bytes(launch)
     for rank in launch["ranks"]:
         for run in ("ddp", "fsdp"):
             b = rank[run]["bytes"]
-            for when in ("target_after_forward", "target_after_step"):
+            assert not b["target_loaded_whole"], f"{run}: the target was loaded whole, then sharded"
+            for when in ("target_after_load", "target_after_forward", "target_after_step"):
                 assert b[when] <= whole + shard, (
                     f"{run} {when}: {b[when]} bytes resident, sharded is {whole + shard}, whole {full}"
                 )
+        assert rank["ddp_whole_target"]["bytes"]["target_after_load"] >= full > whole + shard
+
+
+def test_sharded_target_trains_like_the_whole_one(launch):
+    """The draft trained against the target loaded sharded (each rank read only its rows from the files) has the same
+    losses, validation losses and final weights, bit for bit, as the one trained against the target loaded whole; the
+    target's fingerprint (the draft's model card records it) is the same on every rank of both runs."""
+    assert _losses(launch, "ddp") == _losses(launch, "ddp_whole_target")
+    a, b = _weights(launch, "ddp_whole_target"), _weights(launch, "ddp")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    prints = {rank[run]["target_fingerprint"] for rank in launch["ranks"] for run in ("ddp", "ddp_whole_target", "fsdp")}
+    assert len(prints) == 1 and None not in prints, prints
 
 
 def test_sharded_draft_trains_like_ddp(launch):
