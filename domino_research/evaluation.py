@@ -32,6 +32,7 @@ from domino_research.data import (
 )
 from .decode import (StepTimer, build_drafter, drafter_class, drafter_generate, drafter_settings,
                                     greedy_generate, sample_generate)
+from .eagle3 import Eagle3DraftModel
 from .embedded import embedded_dataset_path, load_embedded_target, resolve_data_path, resolve_target_path
 from .lifecycle import _write_json
 from .export import check_draft_folder, find_draft_dir, load_draft, load_eagle3_export
@@ -186,21 +187,32 @@ def eval_settings(settings: dict, where: str = "evaluate_draft") -> tuple[EvalCo
     if bad: raise ConfigError(f"{where}: {bad[0]!r} is neither an evaluation key nor a setting of drafter {cls.name!r} "
                               f"(its settings: {', '.join(f.name for f in dataclasses.fields(cls.Settings)) or 'none'})")
     drafter_settings(cls, rest, f"{where}: drafter {cls.name!r}")
+    if cfg.candidate_ks and not hasattr(cls, "companions"):
+        raise ConfigError(f"{where}: candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which "
+                          f"drafter {cls.name!r} does not have; drop candidate_ks")
     return cfg, {"drafter": cls.name, **rest}
 
 # %% ../nbs/32_evaluation.ipynb #301e273f
-def _eagle3_folder(path) -> bool:
-    "Whether `path` holds an exported EAGLE-3 draft (its config.json says so: notebook 31)."
-    cfg = Path(path, "config.json")
-    try: return json.loads(cfg.read_text()).get("architectures") == ["LlamaForCausalLMEagle3"]
-    except (OSError, ValueError, AttributeError): return False
+_EAGLE3_FOLDERS = {"LlamaForCausalLMEagle3": "export", "Eagle3DraftModel": "run"}   # config.json's architectures
+
+def _eagle3_folder(path) -> str | None:
+    "'export' for an exported EAGLE-3 folder (notebook 31), 'run' for a run's saved EAGLE-3 draft, else None."
+    try: arch = json.loads(Path(path, "config.json").read_text()).get("architectures") or [None]
+    except (OSError, ValueError, AttributeError): return None
+    return _EAGLE3_FOLDERS.get(arch[0])
+
+def _load_eagle3(path):
+    "An EAGLE-3 draft read back with json and safetensors only: an export (`load_eagle3_export`) or a run's `draft/`."
+    if _eagle3_folder(path) == "export": return load_eagle3_export(path)
+    return Eagle3DraftModel.from_pretrained(Path(path), use_safetensors=True)
 
 def _draft_model(draft, model):
     "The draft a drafter decodes with: a loaded model as given, or an exported folder (DFlash/Domino or EAGLE-3) read back."
-    if draft is None or not isinstance(draft, (str, Path)): return draft
+    if draft is None: return None
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    loaded = load_eagle3_export(draft) if _eagle3_folder(draft) else load_draft(draft, target_config=model.config)
-    return loaded.to(device=dev, dtype=dtype).eval()                  # bf16 with a bf16 target (RoPE stays fp32)
+    if isinstance(draft, (str, Path)):
+        draft = _load_eagle3(draft) if _eagle3_folder(draft) else load_draft(draft, target_config=model.config)
+    return draft.to(device=dev, dtype=dtype).eval()                   # bf16 with a bf16 target (RoPE stays fp32)
 
 # %% ../nbs/32_evaluation.ipynb #aec0bd9f
 def _load_target(target, trust_remote_code: bool = False):
@@ -408,7 +420,7 @@ def plot_eval(res: dict, out_dir) -> list[Path]:
     from matplotlib.figure import Figure                                 # no pyplot: works headless and in notebooks
     from matplotlib.ticker import MaxNLocator
     out, bs, paths = Path(out_dir), res["block_size"], []
-    domino = res.get("projector_type") == "domino"
+    domino = "base_tokens_per_s" in res                                 # a base decode beside it: a Domino head to switch off
     series = [("", "with head" if domino else "draft", "C0")] + ([("_base", "base only", "C1")] if domino else [])
     taus = [r["tau_spec"] for r in res.get("per_prompt", []) if r["tau_spec"] == r["tau_spec"]]   # kept with --per_prompt
     fig = Figure(figsize=(10, 3.5) if taus else (5.5, 3.5))

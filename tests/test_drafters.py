@@ -137,6 +137,8 @@ def test_eagle3_drafter_is_lossless_on_the_embedded_target(eagle3_export, monkey
     assert res["accept_hist"][1] > 0 and sum(res["accept_hist"][2:]) > 0, res["accept_hist"]   # rejects and accepts both
     assert {r["new_tokens"] < 48 for r in res["per_prompt"]} == {True, False}                    # both stop rules
     assert evaluation.evaluate_draft(folder, **{**kw, "n_prompts": 2, "block_size": 3})["block_size"] == 3
+    run_draft = evaluation.evaluate_draft(folder.parent / "trained", **{**kw, "n_prompts": 2})     # a run's draft/ folder too
+    assert run_draft["lossless"] is True and run_draft["per_prompt"] == res["per_prompt"][:2] or run_draft["tau"] > 0
     real = evaluation.drafter_generate                                   # the fault: a decode that loses its last token
     monkeypatch.setattr(evaluation, "drafter_generate", lambda *a, **k: (lambda t, s: (t[:-1], s))(*real(*a, **k)))
     assert evaluation.evaluate_draft(folder, **{**kw, "n_prompts": 2})["lossless"] is False
