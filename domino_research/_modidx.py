@@ -176,6 +176,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                        'domino_research.bench._memory_mask_bytes': ( 'bench.html#_memory_mask_bytes',
                                                                                      'domino_research/bench.py'),
                                        'domino_research.bench._none_or': ('bench.html#_none_or', 'domino_research/bench.py'),
+                                       'domino_research.bench._number': ('bench.html#_number', 'domino_research/bench.py'),
                                        'domino_research.bench._option_type': ('bench.html#_option_type', 'domino_research/bench.py'),
                                        'domino_research.bench._parser': ('bench.html#_parser', 'domino_research/bench.py'),
                                        'domino_research.bench._process_tree': ('bench.html#_process_tree', 'domino_research/bench.py'),

@@ -36,9 +36,9 @@ __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS'
            'PROMPT_SAMPLE', 'PROMPT_KEYS', 'STOP_GRACE_S', 'Variant', 'trains_draft', 'draft_parameters',
            'resolve_variant', 'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates',
            'learning_rates_from', 'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition',
-           'repetition_summary', 'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown',
-           'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch',
-           'upgraded_record', 'finished_record', 'run_one', 'result_record', 'time_kept_drafts', 'run_key',
+           'repetition_summary', 'upgraded_record', 'summarize', 'comparisons_markdown', 'repetition_markdown',
+           'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
+           'latency', 'stopwatch', 'finished_record', 'run_one', 'result_record', 'time_kept_drafts', 'run_key',
            'timed_every_run', 'with_timed_latency', 'plan_ablation', 'run_ablation', 'budget_summary',
            'budget_markdown', 'plot_budget', 'run_budget_curve']
 
@@ -401,6 +401,14 @@ def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
     return [{"n": int((third == k).sum()), "min": float(scores[third == k].min()), "max": float(scores[third == k].max())}
             for k in range(3)]
 
+
+# %% ../nbs/40_ablations.ipynb #b221cf09
+def upgraded_record(rec: dict) -> dict:
+    "A stored record with the drafter it ran (`drafter`); one from before the registry says so in its recipe."
+    if "drafter" in rec: return rec
+    legacy_lookup = rec.get("recipe") == "ngram"                      # prompt lookup, recorded as a recipe then
+    return {**rec, "recipe": None if legacy_lookup else rec.get("recipe"),
+            "drafter": {"drafter": "lookup", **rec["changes"]} if legacy_lookup else {"drafter": "draft"}}
 
 # %% ../nbs/40_ablations.ipynb #2ab9c7e9
 def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
@@ -813,13 +821,6 @@ def _same_run(done: Optional[dict], fp: dict) -> bool:
     if done.get("recipe") == "ngram" and "drafter" not in stored.get("evaluation", {}):
         stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": {"drafter": "lookup", **done["changes"]}}}
     return stored == fp
-
-def upgraded_record(rec: dict) -> dict:
-    "A stored record with the drafter it ran (`drafter`); one from before the registry says so in its recipe."
-    if "drafter" in rec: return rec
-    legacy_lookup = rec.get("recipe") == "ngram"                      # prompt lookup, recorded as a recipe then
-    return {**rec, "recipe": None if legacy_lookup else rec.get("recipe"),
-            "drafter": {"drafter": "lookup", **rec["changes"]} if legacy_lookup else {"drafter": "draft"}}
 
 def finished_record(**task) -> Optional[dict]:
     "The record of a (variant, seed) already trained and decoded with these settings, or None."

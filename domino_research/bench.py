@@ -528,8 +528,17 @@ def _option_type(f: dataclasses.Field, tp):
     optional = type(None) in typing.get_args(tp)
     base = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if optional else tp
     spec = f.metadata.get("range")
-    parse = number_in(spec, base) if spec and base in (int, float) else base if base in (int, float) else str
+    parse = _number(spec, base) if base in (int, float) else str
     return _none_or(parse) if optional else parse
+
+def _number(spec: str | None, tp):
+    "An argparse `type`: a number of type `tp` (an integer named as such), in range `spec` if there is one."
+    in_spec = number_in(spec, tp) if spec else tp
+    def parse(s):
+        if tp is int and not s.strip().lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+        return in_spec(s)
+    return parse
 
 def _add_field_option(p, f: dataclasses.Field, tp, help: str, default):
     "`--name` for dataclass field `f`: a flag for a bool, choices for a Literal, a repeatable one for a list."
@@ -551,8 +560,8 @@ def _drafter_options() -> dict[str, tuple]:
         for f in dataclasses.fields(cls.Settings):
             owners = out.get(f.name, (None, None, None, []))[3] + [name]
             out[f.name] = (f, hints[f.name], comments.get(f.name, ""), owners)
-    return {k: (f, tp, f"{' / '.join(owners)} drafter: {help} (default {f.default})", owners)
-            for k, (f, tp, help, owners) in out.items()}
+    default = lambda f: f"(default {f.default})" if f.default is not None else f"({f.metadata.get('range_note', 'optional')})"
+    return {k: (f, tp, f"{' / '.join(owners)} drafter: {help} {default(f)}", owners) for k, (f, tp, help, owners) in out.items()}
 
 # %% ../nbs/33_bench.ipynb #a138924d
 def _add_decode_parser(sub):

@@ -510,7 +510,10 @@ class LookupSettings:
     prompt_lookup_max: int = ranged(3, ">= 1")  # longest suffix n-gram looked up
     num_speculative_tokens: int = ranged(15, f"[1, {MAX_VERIFY_WIDTH - 1}]")  # most tokens proposed per step (block size - 1)
 
-    def __post_init__(self): check_ngram_params(self.prompt_lookup_min, self.prompt_lookup_max, self.num_speculative_tokens)
+    def __post_init__(self):                   # (each range is checked after this)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} > prompt_lookup_max {self.prompt_lookup_max}: "
+                             "no n-gram length to look up; pass a min <= max")
 
 NgramProposer.Settings, NgramProposer.layer_ids = LookupSettings, []      # reads no target features
 

@@ -153,45 +153,6 @@ def sample_prompts(records: list[dict], n: int, seed: int | None = 0, stratify_b
             depth += 1
     return [{**records[i], "group": key(records[i]) if key else None, "stratify_by": col} for i in picked]
 
-# %% ../nbs/32_evaluation.ipynb #eacadd28
-@dataclass
-class EvalConfig:
-    "How a drafter is measured; the chosen drafter's own settings are given beside these fields."
-    # -- the drafter
-    drafter: str = "draft"  # a registered drafter (decode.DRAFTERS): draft, lookup, eagle3, ...; 'ngram' means lookup
-    # -- the prompts
-    prompts: str | None = None  # prompt set: a JSONL / JSON / parquet file or a hub dataset name (null: embedded test split)
-    prompt_split: str | None = None  # split of a hub dataset / folder with several (e.g. test)
-    n_prompts: int = ranged(50, ">= 1")  # prompts sampled from the set and decoded
-    prompt_seed: int | None = ranged(0, ">= 0", "or null for the first rows in file order")  # seed of the prompt sample
-    stratify_by: str | None = "auto"  # column the sample takes in turn (auto: module if every row has one; null: uniform)
-    enable_thinking: bool = False  # the chat template's thinking switch (Qwen3)
-    long_prompts: Literal["refuse", "truncate"] = "refuse"  # prompt + max_new_tokens past the target's context: refuse or cut
-    # -- decoding
-    max_new_tokens: int = ranged(128, ">= 1")  # new tokens decoded per prompt
-    temperature: float = ranged(0.0, ">= 0", "0 = greedy")  # > 0: speculative sampling (lossless in distribution)
-    sample_seed: int = ranged(0, ">= 0")  # seed of the draws at temperature > 0
-    candidate_ks: list[int] = field(default_factory=list)  # Domino drafts: also decode with these top-K candidate pools
-    warmup: int = ranged(1, ">= 0")  # prompts decoded first, untimed (lazy initialisation)
-    trust_remote_code: bool = False  # run the Python a target folder ships (auto_map): only code you have read
-
-def eval_settings(settings: dict, where: str = "evaluate_draft") -> tuple[EvalConfig, dict]:
-    "(the `EvalConfig` of the keys that are its fields, the drafter spec {'drafter': name, **the other keys}), both checked."
-    keys = {f.name for f in dataclasses.fields(EvalConfig)}
-    own = {k: list(v) if k == "candidate_ks" and isinstance(v, tuple) else v for k, v in settings.items() if k in keys}
-    _check_counts(**{k: own[k] for k in ("n_prompts", "max_new_tokens") if k in own},
-                  **{f"candidate_k={k}": k for k in own.get("candidate_ks") or ()})
-    cfg = config_from_dict(EvalConfig, own, where)
-    cls, rest = drafter_class(cfg.drafter), {k: v for k, v in settings.items() if k not in keys}
-    bad = sorted(set(rest) - {f.name for f in dataclasses.fields(cls.Settings)})
-    if bad: raise ConfigError(f"{where}: {bad[0]!r} is neither an evaluation key nor a setting of drafter {cls.name!r} "
-                              f"(its settings: {', '.join(f.name for f in dataclasses.fields(cls.Settings)) or 'none'})")
-    drafter_settings(cls, rest, f"{where}: drafter {cls.name!r}")
-    if cfg.candidate_ks and not hasattr(cls, "companions"):
-        raise ConfigError(f"{where}: candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which "
-                          f"drafter {cls.name!r} does not have; drop candidate_ks")
-    return cfg, {"drafter": cls.name, **rest}
-
 # %% ../nbs/32_evaluation.ipynb #301e273f
 _EAGLE3_FOLDERS = {"LlamaForCausalLMEagle3": "export", "Eagle3DraftModel": "run"}   # config.json's architectures
 
@@ -253,6 +214,45 @@ def _check_counts(**counts):
     "Counts must be ints >= 1 (a negative n_prompts would slice prompts off the end; 0 new tokens gives no τ at all)."
     for k, v in counts.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+
+# %% ../nbs/32_evaluation.ipynb #eacadd28
+@dataclass
+class EvalConfig:
+    "How a drafter is measured; the chosen drafter's own settings are given beside these fields."
+    # -- the drafter
+    drafter: str = "draft"  # a registered drafter (decode.DRAFTERS): draft, lookup, eagle3, ...; 'ngram' means lookup
+    # -- the prompts
+    prompts: str | None = None  # prompt set: a JSONL / JSON / parquet file or a hub dataset name (null: embedded test split)
+    prompt_split: str | None = None  # split of a hub dataset / folder with several (e.g. test)
+    n_prompts: int = ranged(50, ">= 1")  # prompts sampled from the set and decoded
+    prompt_seed: int | None = ranged(0, ">= 0", "or null for the first rows in file order")  # seed of the prompt sample
+    stratify_by: str | None = "auto"  # column the sample takes in turn (auto: module if every row has one; null: uniform)
+    enable_thinking: bool = False  # the chat template's thinking switch (Qwen3)
+    long_prompts: Literal["refuse", "truncate"] = "refuse"  # prompt + max_new_tokens past the target's context: refuse or cut
+    # -- decoding
+    max_new_tokens: int = ranged(128, ">= 1")  # new tokens decoded per prompt
+    temperature: float = ranged(0.0, ">= 0", "0 = greedy")  # > 0: speculative sampling (lossless in distribution)
+    sample_seed: int = ranged(0, ">= 0")  # seed of the draws at temperature > 0
+    candidate_ks: list[int] = field(default_factory=list)  # Domino drafts: also decode with these top-K candidate pools
+    warmup: int = ranged(1, ">= 0")  # prompts decoded first, untimed (lazy initialisation)
+    trust_remote_code: bool = False  # run the Python a target folder ships (auto_map): only code you have read
+
+def eval_settings(settings: dict, where: str = "evaluate_draft") -> tuple[EvalConfig, dict]:
+    "(the `EvalConfig` of the keys that are its fields, the drafter spec {'drafter': name, **the other keys}), both checked."
+    keys = {f.name for f in dataclasses.fields(EvalConfig)}
+    own = {k: list(v) if k == "candidate_ks" and isinstance(v, tuple) else v for k, v in settings.items() if k in keys}
+    _check_counts(**{k: own[k] for k in ("n_prompts", "max_new_tokens") if k in own},
+                  **{f"candidate_k={k}": k for k in own.get("candidate_ks") or ()})
+    cfg = config_from_dict(EvalConfig, own, where)
+    cls, rest = drafter_class(cfg.drafter), {k: v for k, v in settings.items() if k not in keys}
+    bad = sorted(set(rest) - {f.name for f in dataclasses.fields(cls.Settings)})
+    if bad: raise ConfigError(f"{where}: {bad[0]!r} is neither an evaluation key nor a setting of drafter {cls.name!r} "
+                              f"(its settings: {', '.join(f.name for f in dataclasses.fields(cls.Settings)) or 'none'})")
+    drafter_settings(cls, rest, f"{where}: drafter {cls.name!r}")
+    if cfg.candidate_ks and not hasattr(cls, "companions"):
+        raise ConfigError(f"{where}: candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which "
+                          f"drafter {cls.name!r} does not have; drop candidate_ks")
+    return cfg, {"drafter": cls.name, **rest}
 
 # %% ../nbs/32_evaluation.ipynb #a8048a13
 def _fit_prompts(enc: list, sample: list[dict], max_new_tokens: int, target_config, long_prompts: str):

@@ -80,7 +80,7 @@ def test_a_registered_toy_drafter_runs_everywhere(repeat_anchor, tiny, tmp_path,
     DRAFTERS.pop("repeat_anchor")
     with pytest.raises(SystemExit):
         main(["decode", "--drafter", "repeat_anchor", "--target", target, "--prompts", str(prompts), "--json"])
-    assert "drafter 'repeat_anchor' is not registered; choose one of draft, lookup, eagle3" in capsys.readouterr().err
+    assert "drafter 'repeat_anchor' is not registered; choose one of draft, lookup" in capsys.readouterr().err
     with pytest.raises(ValueError, match="not registered"):
         evaluate_draft(None, target=target, prompts=prompts, drafter="repeat_anchor")
 
