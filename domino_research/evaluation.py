@@ -286,8 +286,7 @@ def evaluate_draft(draft=None, target=None, prompts=None, *, verbose: bool = Fal
     `draft`: the trained draft of a drafter that decodes with one (an exported folder, or the loaded model).
 
     `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent)."""
-    if prompts is not None: settings["prompts"] = str(prompts) if isinstance(prompts, Path) else prompts
-    src = settings.pop("prompts", None)
+    src = settings.pop("prompts", None) if prompts is None else prompts   # a file, a hub name or a list of rows
     cfg, spec = eval_settings(settings)
     cls, sampled = drafter_class(cfg.drafter), cfg.temperature > 0
     uses_draft = getattr(cls, "uses_draft", False)                  # decodes with a trained draft (notebook 30)
