@@ -22,6 +22,7 @@ from .files import dumps_strict, write_atomic
 from .progress import format_seconds
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
+from .decode import drafter_class, drafter_settings
 from .evaluation import evaluate_draft
 from .plots import log_scale, log_ticks, moving_average
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
@@ -33,13 +34,14 @@ from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
 __all__ = ['PAPER_GAMMA', 'VARIANTS', 'COMPARISONS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'FULL_HASH_BYTES', 'SAMPLE_BYTES',
-           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'STOP_GRACE_S', 'Variant', 'draft_parameters', 'resolve_variant',
-           'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from',
-           'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition', 'repetition_summary',
-           'summarize', 'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results',
-           'file_digest', 'source_digest', 'delete_weights', 'keep_draft', 'latency', 'stopwatch', 'finished_record',
-           'run_one', 'time_kept_drafts', 'run_key', 'timed_every_run', 'with_timed_latency', 'plan_ablation',
-           'run_ablation', 'budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+           'PROMPT_SAMPLE', 'PROMPT_KEYS', 'STOP_GRACE_S', 'Variant', 'trains_draft', 'draft_parameters',
+           'resolve_variant', 'with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates',
+           'learning_rates_from', 'spread', 'repetition_thirds', 'compare', 'head_gain', 'tau_by_repetition',
+           'repetition_summary', 'upgraded_record', 'summarize', 'comparisons_markdown', 'repetition_markdown',
+           'results_markdown', 'plot_results', 'file_digest', 'source_digest', 'delete_weights', 'keep_draft',
+           'latency', 'stopwatch', 'finished_record', 'run_one', 'result_record', 'time_kept_drafts', 'run_key',
+           'timed_every_run', 'with_timed_latency', 'plan_ablation', 'run_ablation', 'budget_summary',
+           'budget_markdown', 'plot_budget', 'run_budget_curve']
 
 # %% ../nbs/40_ablations.ipynb #46251105
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}     # loss_decay_gamma per block size: the papers' values (notebook 01)
@@ -50,7 +52,18 @@ class Variant:
     # keys it changes; or a callable (resolved config, load) -> keys
     overrides: Union[dict, Callable] = field(default_factory=dict)
     note: str = ""
-    drafter: str = "draft"                       # "ngram": prompt lookup, nothing trained (the config gives target and prompts)
+    # the drafter decoded, {"drafter": registered name, **its settings} (notebook 30; a bare name: its defaults). One that
+    # decodes with a trained draft decodes the draft this config trains; any other trains nothing (the config gives the
+    # target and the prompts)
+    drafter: Union[dict, str] = field(default_factory=lambda: {"drafter": "draft"})
+
+    def __post_init__(self):
+        object.__setattr__(self, "drafter", {"drafter": self.drafter} if isinstance(self.drafter, str) else dict(self.drafter))
+
+def trains_draft(spec: dict) -> bool:
+    "Whether the drafter of `spec` decodes with a trained draft, so that its variant trains one."
+    return getattr(drafter_class(spec["drafter"]), "uses_draft", False)
+
 
 # %% ../nbs/40_ablations.ipynb #fcd4a78f
 def _small_head(cfg, load) -> dict:
@@ -125,8 +138,9 @@ VARIANTS = {
     "lambda_steps720": Variant(
         "embedded_domino", {"lambda_base_decay_steps": 720}, "λ decays over 720 steps, whatever the budget"
     ),
-    "ngram": Variant(
-        "embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training", drafter="ngram"
+    "ngram": Variant(                            # (named before the drafter registry; its settings pinned: the project rule)
+        "embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training",
+        drafter={"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 3, "num_speculative_tokens": 15},
     ),
 }
 
@@ -389,6 +403,14 @@ def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
             for k in range(3)]
 
 
+# %% ../nbs/40_ablations.ipynb #b221cf09
+def upgraded_record(rec: dict) -> dict:
+    "A stored record with the drafter it ran (`drafter`); one from before the registry says so in its recipe."
+    if "drafter" in rec: return rec
+    legacy_lookup = rec.get("recipe") == "ngram"                      # prompt lookup, recorded as a recipe then
+    return {**rec, "recipe": None if legacy_lookup else rec.get("recipe"),
+            "drafter": {"drafter": "lookup", **rec["changes"]} if legacy_lookup else {"drafter": "draft"}}
+
 # %% ../nbs/40_ablations.ipynb #2ab9c7e9
 def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
     "results.json: `runs` is {variant: {seed: record}} (records as written by `run_one`), `variants` the Variant table."
@@ -396,11 +418,12 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
     for name, seeds in runs.items():
         if not seeds: continue
         order = sorted(seeds, key=_seed_key)
-        recs = [seeds[s] for s in order]
+        recs = [upgraded_record(seeds[s]) for s in order]
         v = variants[name]
         first = recs[0]
         out["variants"][name] = {
-            "config": v.config, "recipe": first["recipe"], "changes": first["changes"], "note": v.note,
+            "config": v.config, "recipe": first["recipe"], "drafter": first["drafter"], "changes": first["changes"],
+            "note": v.note,
             "block_size": first["block_size"], "seeds": [str(s) for s in order],
             **{k: spread([r[k] for r in recs]) for k in ("tau", "tau_base", "accuracy", "base_accuracy", "accept_len",
                                                           "base_accept_len")},
@@ -498,7 +521,8 @@ def results_markdown(res: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, d in res["variants"].items():
-        lines.append(f"| `{name}` | {d['recipe']} | {_fmt_changes(d['changes'])} | {d['block_size']} | {_fmt(d['tau'])} | "
+        recipe = d["recipe"] or d["drafter"]["drafter"]          # a drafter that trains nothing: its name
+        lines.append(f"| `{name}` | {recipe} | {_fmt_changes(d['changes'])} | {d['block_size']} | {_fmt(d['tau'])} | "
                      f"{_fmt_range(d['tau'])} | {_fmt(d['tau_base'])} | {_fmt(d['accuracy'], 3)} | "
                      f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} | {_fmt(d.get('draft_ms'), 3)} | "
                      f"{_fmt(d.get('tau_per_draft_ms'))} |")
@@ -763,7 +787,7 @@ def stopwatch(path: Path, resume: bool, every: float = 30.0):
 
 # %% ../nbs/40_ablations.ipynb #03d4373f
 def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int, out_dir, prompts, n_eval_prompts: int,
-                  max_new_tokens: int, **_) -> tuple:
+                  max_new_tokens: int, drafter: Optional[dict] = None, **_) -> tuple:
     "(run_dir, training keys, config, fingerprint) of one (variant, seed)."
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
@@ -786,28 +810,29 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
     }
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
+    if drafter and dict(drafter) != {"drafter": "draft"}: evaluation["drafter"] = dict(drafter)   # (the default: as before)
     return run_dir, kw, cfg, _fingerprint(cfg, evaluation)
 
 # %% ../nbs/40_ablations.ipynb #8d795c1a
+def _same_run(done: Optional[dict], fp: dict) -> bool:
+    """Whether stored record `done` ran with fingerprint `fp`. A prompt-lookup record from before the drafter registry
+    (recipe "ngram", its settings in `changes`, no drafter in its fingerprint) ran the `lookup` drafter with those settings."""
+    if done is None: return False
+    stored = done.get("fingerprint") or {}
+    if done.get("recipe") == "ngram" and "drafter" not in stored.get("evaluation", {}):
+        stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": {"drafter": "lookup", **done["changes"]}}}
+    return stored == fp
+
 def finished_record(**task) -> Optional[dict]:
     "The record of a (variant, seed) already trained and decoded with these settings, or None."
     run_dir, _, _, fp = _run_settings(**task)
     done = _read_json(run_dir / "result.json")
-    return done if done is not None and done.get("fingerprint") == fp else None
+    return upgraded_record(done) if _same_run(done, fp) else None
+
 
 # %% ../nbs/40_ablations.ipynb #b4b8369b
-def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
-            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print, drafter: str = "draft",
-            keep_drafts: bool = True) -> dict:
-    """Train, decode and clean up one (variant, seed); returns its record (also written to <run>/result.json).
-    `keep_drafts`: the trained draft stays in <run>/draft_bf16 (bf16 safetensors); every other weight is deleted."""
-    run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens)
-    done = _read_json(run_dir / "result.json")
-    if done is not None and done.get("fingerprint") == fp:
-        log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
-        return done
-    if drafter == "ngram":
-        return _lookup_record(name, seed, run_dir, cfg, fp, prompts, n_eval_prompts, max_new_tokens, targets, log)
+def _train(name: str, seed: int, run_dir: Path, config: str, kw: dict, fp: dict, steps: int, log) -> dict:
+    "Train the draft of one (variant, seed), or continue it; its `trained.json` ({fingerprint, final, train_seconds})."
     trained = _read_json(run_dir / "trained.json")
     if not (trained and trained.get("fingerprint") == _training_key(fp) and (run_dir / "draft" / "model.safetensors").is_file()):
         # beside the run directory, which a fresh attempt sets aside: the time of every attempt of this run
@@ -821,77 +846,56 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         trained = {"fingerprint": _training_key(fp), "final": final, "train_seconds": spent()}
         (run_dir / "trained.json").write_text(dumps_strict(trained, indent=2) + "\n")
         clock.unlink()
-    final = trained["final"]
-    if final.get("step") != steps:
-        raise RuntimeError(f"[{name} seed {seed}] trained {final.get('step')} optimiser steps instead of the budget {steps} "
-                           f"(windows with no valid anchor are skipped); see {run_dir / 'metrics.jsonl'}")
-    targets = targets or _Targets()
-    t0 = time.perf_counter()
-    ev = evaluate_draft(
-        run_dir / "draft",
-        target=targets(resolve_target_path(cfg.target)),
-        prompts=resolve_data_path(str(prompts)),
-        n_prompts=n_eval_prompts,
-        max_new_tokens=max_new_tokens,
-        enable_thinking=cfg.enable_thinking,
-        **PROMPT_SAMPLE,
-    )
-    rec = {"variant": name, "seed": seed, "recipe": cfg.recipe, "changes": changes, "block_size": cfg.block_size,
-           "tau": ev["tau"], "tau_base": ev["tau_base"], "per_slot_acceptance": ev["per_slot_acceptance"],
-           "per_slot_acceptance_base": ev["per_slot_acceptance_base"], "lossless": ev["lossless"],
-           "speedup": ev["speedup"], **latency(ev), "steps": final["step"],
-           "accuracy": final.get("eval/accuracy"), "base_accuracy": final.get("eval/base_accuracy"),
-           "accept_len": final.get("eval/accept_len"), "base_accept_len": final.get("eval/base_accept_len"),
-           "train_seconds": trained["train_seconds"], "eval_seconds": time.perf_counter() - t0,
-           "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
-           "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]], "fingerprint": fp}
-    if keep_drafts: rec["kept_draft_bytes"] = keep_draft(run_dir / "draft", run_dir / KEPT_DRAFT)
+    if trained["final"].get("step") != steps:
+        raise RuntimeError(f"[{name} seed {seed}] trained {trained['final'].get('step')} optimiser steps instead of the budget "
+                           f"{steps} (windows with no valid anchor are skipped); see {run_dir / 'metrics.jsonl'}")
+    return trained
+
+def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
+            n_eval_prompts: int, max_new_tokens: int, targets: Optional[_Targets] = None, log=print,
+            drafter: Optional[dict] = None, keep_drafts: bool = True) -> dict:
+    """Train (if its drafter decodes with a trained draft), decode and clean up one (variant, seed); returns its record
+    (also written to <run>/result.json). `drafter`: {"drafter": name, **settings} (None: the trained draft alone).
+    `keep_drafts`: the trained draft stays in <run>/draft_bf16 (bf16 safetensors); every other weight is deleted."""
+    spec = dict(drafter or {"drafter": "draft"})
+    run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens,
+                                         drafter=spec)
+    done = _read_json(run_dir / "result.json")
+    if _same_run(done, fp):
+        log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
+        return upgraded_record(done)
+    trained = _train(name, seed, run_dir, config, kw, fp, steps, log) if trains_draft(spec) else None
+    targets, t0 = targets or _Targets(), time.perf_counter()
+    ev = evaluate_draft(run_dir / "draft" if trained else None, target=targets(resolve_target_path(cfg.target)),
+                        prompts=resolve_data_path(str(prompts)), n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens,
+                        enable_thinking=cfg.enable_thinking, **PROMPT_SAMPLE, **spec)
+    settings = {k: v for k, v in spec.items() if k != "drafter"}
+    rec = result_record(name, seed, ev, spec, changes if trained else settings, fp, time.perf_counter() - t0,
+                        cfg.recipe if trained else None, trained)
+    if trained and keep_drafts: rec["kept_draft_bytes"] = keep_draft(run_dir / "draft", run_dir / KEPT_DRAFT)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
-    delete_weights(run_dir)
-    log(f"[{name} seed {seed}] {final['step']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
+    if trained: delete_weights(run_dir)
+    log(f"[{name} seed {seed}] {rec['steps']} steps in {rec['train_seconds']:.0f}s, τ {rec['tau']:.3f} "
         f"(base {rec['tau_base']:.3f}), lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
     return rec
 
+
 # %% ../nbs/40_ablations.ipynb #d4e0a001
-def _lookup_record(name: str, seed: int, run_dir: Path, cfg: DFlashTrainConfig, fp: dict, prompts, n_eval_prompts: int,
-                   max_new_tokens: int, targets: Optional[_Targets], log) -> dict:
-    """The record of the prompt-lookup pseudo-variant: nothing to train, decoded on the same prompts as the drafts
-    (`evaluate_draft(drafter="ngram")`, its default parameters); no accuracy, 0 steps, its own base."""
-    targets, t0 = targets or _Targets(), time.perf_counter()
-    ev = evaluate_draft(None, target=targets(resolve_target_path(cfg.target)), prompts=resolve_data_path(str(prompts)),
-                        n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, enable_thinking=cfg.enable_thinking,
-                        drafter="ngram", **PROMPT_SAMPLE)
-    rec = {
-        "variant": name,
-        "seed": seed,
-        "recipe": "ngram",
-        "changes": ev["prompt_lookup"],
-        "block_size": ev["block_size"],
-        "tau": ev["tau"],
-        "tau_base": ev["tau_base"],
-        "per_slot_acceptance": ev["per_slot_acceptance"],
-        "per_slot_acceptance_base": ev["per_slot_acceptance_base"],
-        "lossless": ev["lossless"],
-        "speedup": ev["speedup"],
-        **latency(ev),
-        "steps": 0,
-        "accuracy": None,
-        "base_accuracy": None,
-        "accept_len": None,
-        "base_accept_len": None,
-        "train_seconds": 0.0,
-        "eval_seconds": time.perf_counter() - t0,
-        "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
-        "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]],
-        "fingerprint": fp,
-    }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
-    log(
-        f"[{name} seed {seed}] prompt lookup: τ {rec['tau']:.3f}, lossless {rec['lossless']}, decoded in "
-        f"{rec['eval_seconds']:.0f}s"
-    )
-    return rec
+def result_record(name: str, seed: int, ev: dict, drafter: dict, changes: dict, fingerprint: dict, eval_seconds: float,
+                  recipe: Optional[str] = None, trained: Optional[dict] = None) -> dict:
+    """The record of one (variant, seed): the drafter it decoded ({"drafter": name, **settings}), the decode's figures
+    (`evaluate_draft`'s `ev`), and the training's where a draft was trained (`trained.json`; else 0 steps, no accuracy)."""
+    final = (trained or {}).get("final", {})
+    return {"variant": name, "seed": seed, "recipe": recipe, "drafter": dict(drafter), "changes": changes,
+            "block_size": ev["block_size"], "tau": ev["tau"], "tau_base": ev["tau_base"],
+            "per_slot_acceptance": ev["per_slot_acceptance"], "per_slot_acceptance_base": ev["per_slot_acceptance_base"],
+            "lossless": ev["lossless"], "speedup": ev["speedup"], **latency(ev), "steps": final.get("step", 0),
+            "accuracy": final.get("eval/accuracy"), "base_accuracy": final.get("eval/base_accuracy"),
+            "accept_len": final.get("eval/accept_len"), "base_accept_len": final.get("eval/base_accept_len"),
+            "train_seconds": (trained or {}).get("train_seconds", 0.0), "eval_seconds": eval_seconds,
+            "evaluation": {k: v for k, v in ev.items() if k != "per_prompt"},
+            "per_prompt": [_prompt_record(r) for r in ev["per_prompt"]], "fingerprint": fingerprint}
 
 
 # %% ../nbs/40_ablations.ipynb #35f6d700
@@ -902,16 +906,16 @@ def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_to
     settings = {"prompts": str(prompts or "embedded:test"), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens,
                 "torch_threads": torch.get_num_threads()}
     for rec_file in sorted((out / "runs").glob("*/seed*/result.json")):
-        rec, run_dir = json.loads(rec_file.read_text()), rec_file.parent
-        lookup, draft = rec["recipe"] == "ngram", run_dir / KEPT_DRAFT
-        if not lookup and not draft.is_dir():
+        rec, run_dir = upgraded_record(json.loads(rec_file.read_text())), rec_file.parent
+        trained, draft = trains_draft(rec["drafter"]), run_dir / KEPT_DRAFT
+        if trained and not draft.is_dir():
             log(f"[{run_dir.parent.name} {run_dir.name}] no kept draft: not timed")
             continue
         c = rec["fingerprint"]["config"]
-        ev = evaluate_draft(None if lookup else draft, target=targets(resolve_target_path(c["target"])),
+        ev = evaluate_draft(draft if trained else None, target=targets(resolve_target_path(c["target"])),
                             prompts=resolve_data_path(str(prompts or "embedded:test")), n_prompts=n_eval_prompts,
                             max_new_tokens=max_new_tokens, enable_thinking=c["enable_thinking"], progress=False,
-                            drafter="ngram" if lookup else "draft", **PROMPT_SAMPLE)
+                            **PROMPT_SAMPLE, **rec["drafter"])
         timed.setdefault(rec["variant"], {})[str(rec["seed"])] = {"run": run_key(rec), "tau": ev["tau"], "speedup": ev["speedup"],
                                                                 **latency(ev)}
     res = {"settings": settings, "runs": timed}
@@ -956,6 +960,10 @@ def plan_ablation(variants, block_size: Optional[int] = None, base_overrides: Op
     known = set().union(*(_config_fields((configs or {}).get(table[n].config, table[n].config)) for n in variants))
     typos = sorted(set(base_overrides or {}) - known)
     if typos: raise ConfigError(f"base_overrides: {typos} are keys of none of the recipe configs of {variants}")
+    for n in variants:                                # a drafter that is not registered, or a bad setting: before training
+        spec = dict(table[n].drafter)
+        try: drafter_settings(drafter_class(spec.pop("drafter")), spec, f"variant {n!r}: drafter settings")
+        except ValueError as e: raise ConfigError(f"variant {n!r}: {' '.join(str(e).split())}") from None
     return {n: resolve_variant(n, table[n], block_size, base_overrides, configs) for n in variants}
 
 # %% ../nbs/40_ablations.ipynb #4e4a171a

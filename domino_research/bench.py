@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -17,20 +18,24 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from .files import dumps_strict
-from .cli import CommandLine, signature_defaults
-from .evaluation import decode_bench
+from .cli import CommandLine, number_in, parse_bool, signature_defaults
+from .train_config import field_comments
+from .decode import DRAFTERS, drafter_class
+from .evaluation import EvalConfig, decode_bench
 from .target import check_device
 from .progress import hf_bars_off
 from .loss import chunked_dual_ce, naive_dual_ce
 from .memory import RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
 
 # %% auto #0
-__all__ = ['VARIANTS', 'MAX_PROCESSES', 'NGRAM_OPTIONS', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
+__all__ = ['VARIANTS', 'MAX_PROCESSES', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
            'synthetic_chat_rows', 'write_synthetic_chats', 'data_step', 'bench_data']
 
 # %% ../nbs/33_bench.ipynb #b943c889
@@ -511,96 +516,93 @@ def _cmd_memory(a):
     if not a.json: print(memory_table(r))
     print(dumps_strict(r))
 
-# %% ../nbs/33_bench.ipynb #d3c0de02
-def _seed_or_none(s):
-    "An argparse `type`: an integer >= 0, or `none` (the first prompts in file order)."
-    return None if s.lower() == "none" else _int_at_least(0)(s)
+# %% ../nbs/33_bench.ipynb #ac762acb
+# the options' spellings from before EvalConfig, kept: users type them
+_CLI_NAMES = {"n_prompts": "n_eval_prompts", "candidate_ks": "candidate_k"}
 
-# %% ../nbs/33_bench.ipynb #92fc22f1
-def _column_or_none(s): return None if s.lower() == "none" else s
+def _none_or(parse):
+    "An argparse `type` for an optional value: `none` (or `null`) is None, anything else goes to `parse`."
+    return lambda s: None if s.lower() in ("none", "null") else parse(s)
 
-# %% ../nbs/33_bench.ipynb #a3a6add7
-def _temperature(s):
-    try: v = float(s)
-    except ValueError: raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
-    if not 0.0 <= v < float("inf"): raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0: greedy), got {s}")
-    return v
+def _option_type(f: dataclasses.Field, tp):
+    "How `--key` text becomes a value of field `f` (annotation `tp`): its range checked, `none` for an optional key."
+    optional = type(None) in typing.get_args(tp)
+    base = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if optional else tp
+    spec = f.metadata.get("range")
+    parse = _number(spec, base) if base in (int, float) else str
+    return _none_or(parse) if optional else parse
 
-# %% ../nbs/33_bench.ipynb #b1051626
+def _number(spec: str | None, tp):
+    "An argparse `type`: a number of type `tp` (an integer named as such), in range `spec` if there is one."
+    in_spec = number_in(spec, tp) if spec else tp
+    def parse(s):
+        if tp is int and not s.strip().lstrip("+-").isdigit():
+            raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}")
+        return in_spec(s)
+    return parse
+
+def _add_field_option(p, f: dataclasses.Field, tp, help: str, default):
+    "`--name` for dataclass field `f`: a flag for a bool, choices for a Literal, a repeatable one for a list."
+    name = _CLI_NAMES.get(f.name, f.name)
+    if tp is bool: return p.add_argument(f"--{name}", type=parse_bool, nargs="?", const=True, default=default,
+                                         metavar="true|false", help=help)
+    if typing.get_origin(tp) is Literal: return p.add_argument(f"--{name}", choices=typing.get_args(tp), default=default,
+                                                               help=help)
+    if typing.get_origin(tp) is list:
+        return p.add_argument(f"--{name}", type=_pos, action="append", default=argparse.SUPPRESS,
+                              help=f"{help} (repeatable)")
+    return p.add_argument(f"--{name}", type=_option_type(f, tp), default=default, help=help)
+
+def _drafter_options() -> dict[str, tuple]:
+    "{setting: (field, annotation, help)} of every registered drafter's settings; the help names the drafters that have it."
+    out = {}
+    for name, cls in DRAFTERS.items():
+        hints, comments = typing.get_type_hints(cls.Settings), field_comments(cls.Settings)
+        for f in dataclasses.fields(cls.Settings):
+            owners = out.get(f.name, (None, None, None, []))[3] + [name]
+            out[f.name] = (f, hints[f.name], comments.get(f.name, ""), owners)
+    default = lambda f: f"(default {f.default})" if f.default is not None else f"({f.metadata.get('range_note', 'optional')})"
+    return {k: (f, tp, f"{' / '.join(owners)} drafter: {help} {default(f)}", owners) for k, (f, tp, help, owners) in out.items()}
+
+# %% ../nbs/33_bench.ipynb #a138924d
 def _add_decode_parser(sub):
-    d = signature_defaults(decode_bench)                                  # the defaults are the function's
-    p = sub.add_parser("decode", help="speculative vs plain greedy decoding of a draft: tau, acceptance, speedup, lossless")
-    p.add_argument(
-        "--draft",
-        default=None,
-        help="exported draft folder (config.json + model.safetensors), or a run/checkpoint dir (required with --drafter draft)",
-    )
-    p.add_argument("--drafter", choices=("draft", "ngram"), default=d["drafter"],
-                   help="draft: the trained draft of --draft; ngram: prompt lookup in prompt + output (no draft, no training)")
-    # absent when not given: an option of the other drafter is refused, not silently ignored (_drafter_mismatch)
-    for name, what in (("prompt_lookup_min", "shortest suffix n-gram to look up"),
-                       ("prompt_lookup_max", "longest suffix n-gram to look up"),
-                       ("num_speculative_tokens", "most tokens proposed per step (block size - 1)")):
-        p.add_argument(f"--{name}", type=_pos, default=argparse.SUPPRESS, help=f"ngram only: {what} (default {d[name]})")
-    p.add_argument("--target", default=d["target"], help="target model folder (None: the embedded target)")
-    p.add_argument(
-        "--prompts",
-        default=d["prompts"],
-        help="prompt set: a JSONL / JSON / parquet file or a hub dataset name, as chats, "
-        "{\"prompt\": ...} rows or MT-Bench / GSM8K / HumanEval / Alpaca rows (None: the embedded test split)",
-    )
-    p.add_argument("--prompt_split", default=d["prompt_split"], help="split of a hub dataset / folder with several (e.g. test)")
-    p.add_argument("--n_eval_prompts", type=_pos, default=d["n_prompts"], help="prompts sampled from the set and decoded")
-    p.add_argument(
-        "--prompt_seed",
-        type=_seed_or_none,
-        default=d["prompt_seed"],
-        help="seed of the prompt sample (none: first rows in file order)",
-    )
-    p.add_argument("--stratify_by", type=_column_or_none, default=d["stratify_by"],
-                   help="column whose values the sample takes in turn (auto: module if every row has one; none: uniform)")
-    p.add_argument("--max_new_tokens", type=_pos, default=d["max_new_tokens"], help="new tokens decoded per prompt")
-    p.add_argument(
-        "--candidate_k",
-        type=_pos,
-        action="append",
-        default=list(d["candidate_k"]),
-        help="Domino draft only: also decode with a top-K candidate pool re-ranked by its head (repeatable)",
-    )
-    p.add_argument("--temperature", type=_temperature, default=d["temperature"],
-                   help="0: greedy; > 0: speculative sampling (lossless in distribution, tested in nbs/30_decode)")
-    p.add_argument("--sample_seed", type=_int_at_least(0), default=d["sample_seed"], help="seed of the draws at temperature > 0")
-    p.add_argument("--long_prompts", choices=("refuse", "truncate"), default=d["long_prompts"],
-                   help="a prompt + max_new_tokens longer than the target's max_position_embeddings: refuse (naming it) "
-                   "or truncate (keep its last tokens; counted in the result)")
-    p.add_argument("--threads", type=_pos, default=d["threads"], help="torch CPU threads (None: torch's)")
-    p.add_flag("trust_remote_code", False, help="run the Python the target folder ships (auto_map): only code you have read")
+    "`bench decode`: one option per `EvalConfig` field (help from its comments), one per setting of each registered drafter."
+    p = sub.add_parser("decode", help="speculative vs plain decoding with a drafter: tau, acceptance, speedup, lossless")
+    p.add_argument("--draft", default=None, help="the trained draft of a drafter that decodes with one (draft, eagle3): its "
+                   "exported folder, or a run/checkpoint dir")
+    p.add_argument("--target", default=None, help="target model folder (None: the embedded target)")
+    hints, comments, defaults = typing.get_type_hints(EvalConfig), field_comments(EvalConfig), EvalConfig()
+    for f in dataclasses.fields(EvalConfig):
+        _add_field_option(p, f, hints[f.name], comments.get(f.name, ""), getattr(defaults, f.name))
+    taken = {o for a in p._actions for o in a.option_strings}
+    for name, (f, tp, help, _) in _drafter_options().items():     # given only when typed: another drafter's is refused
+        if f"--{name}" not in taken: _add_field_option(p, f, tp, help, argparse.SUPPRESS)
+    p.add_argument("--threads", type=_pos, default=None, help="torch CPU threads (None: torch's)")
     p.add_flag("per_prompt", False, help="include the per-prompt rows")
     p.add_flag("json", False, help="print one JSON object")
     p.set_defaults(func=_cmd_decode)
 
-# %% ../nbs/33_bench.ipynb #a824f779
-NGRAM_OPTIONS = ("prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens")
-
-def _drafter_mismatch(a) -> str | None:
-    "Why the command line mixes the drafters' options (an option the chosen drafter would ignore), or None."
-    if a.drafter == "draft":
-        if a.draft is None: return "--draft DIR is required with --drafter draft (or --drafter ngram: prompt lookup, no draft)"
-        given = [f"--{k}" for k in NGRAM_OPTIONS if hasattr(a, k)]
-        return f"{', '.join(given)}: prompt lookup's, used with --drafter ngram only" if given else None
-    given = [k for k, v in (("--draft", a.draft is not None), ("--candidate_k", a.candidate_k)) if v]
-    return f"{', '.join(given)}: a trained draft's, not used with --drafter ngram (drop it)" if given else None
+# %% ../nbs/33_bench.ipynb #d4e1a86e
+def _decode_settings(a) -> dict:
+    "evaluate_draft's settings from the command line: every EvalConfig field, and the drafter settings typed (checked)."
+    spelled = {f.name: _CLI_NAMES.get(f.name, f.name) for f in dataclasses.fields(EvalConfig)}
+    settings = {k: getattr(a, o) for k, o in spelled.items() if hasattr(a, o)}
+    cls = drafter_class(a.drafter)               # (a drafter setting spelled like an evaluation option is not an option)
+    given = {k: getattr(a, k) for k in _drafter_options() if k not in spelled.values() and hasattr(a, k)}
+    theirs = [f.name for f in dataclasses.fields(cls.Settings)]
+    wrong = [f"--{k}" for k in given if k not in theirs]
+    if wrong: raise ValueError(f"{', '.join(wrong)}: not a setting of drafter {cls.name!r} (its settings: "
+                               f"{', '.join(theirs) or 'none'})")
+    if a.draft is not None and not getattr(cls, "uses_draft", False):
+        raise ValueError(f"--draft: drafter {cls.name!r} decodes with no trained draft (drop --draft)")
+    if a.draft is None and getattr(cls, "uses_draft", False):
+        raise ValueError(f"--draft DIR is required with --drafter {cls.name} (or --drafter lookup: prompt lookup, no draft)")
+    return {**settings, **given}
 
 def _cmd_decode(a):
-    if (why := _drafter_mismatch(a)) is not None:
-        print(f"error: bench decode: {why}", file=sys.stderr)
-        sys.exit(2)
-    lookup = {k: getattr(a, k) for k in NGRAM_OPTIONS if hasattr(a, k)}     # the rest: decode_bench's defaults
-    try: decode_bench(a.draft, target=a.target, prompts=a.prompts, n_prompts=a.n_eval_prompts, max_new_tokens=a.max_new_tokens,
-                      candidate_k=a.candidate_k, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
-                      prompt_seed=a.prompt_seed, stratify_by=a.stratify_by, prompt_split=a.prompt_split,
-                      temperature=a.temperature, sample_seed=a.sample_seed, long_prompts=a.long_prompts,
-                      drafter=a.drafter, trust_remote_code=a.trust_remote_code, **lookup)
+    try:
+        decode_bench(a.draft, target=a.target, threads=a.threads, per_prompt=a.per_prompt, as_json=a.json,
+                     **_decode_settings(a))
     except (ValueError, OSError) as e:   # bad draft / target / prompts (ConfigError, ChatDataError, missing files): one line
         print(f"error: bench decode: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)

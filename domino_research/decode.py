@@ -17,13 +17,14 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['MAX_VERIFY_WIDTH', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache', 'plain_generate',
-           'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled', 'sample_generate',
-           'StepTimer', 'speculative_loop', 'proposal_slots', 'draft_dflash_config', 'corrected_argmax',
-           'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits', 'DraftProposer',
-           'speculative_generate', 'check_ngram_params', 'ngram_propose', 'NgramProposer', 'ngram_generate',
-           'check_eagle3_fits', 'Eagle3Proposer', 'eagle3_generate', 'engine_proposal_slots', 'EngineProposer',
-           'engine_generate', 'same_acceptance']
+__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache',
+           'plain_generate', 'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled',
+           'sample_generate', 'StepTimer', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class',
+           'drafter_settings', 'build_drafter', 'drafter_generate', 'proposal_slots', 'draft_dflash_config',
+           'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits',
+           'DraftProposer', 'DraftSettings', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
+           'NgramProposer', 'LookupSettings', 'ngram_generate', 'check_eagle3_fits', 'Eagle3Proposer', 'Eagle3Settings',
+           'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate', 'same_acceptance']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -222,6 +223,66 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
     stats["seconds"] = dict(timer.seconds)
     return out, stats
 
+# %% ../nbs/30_decode.ipynb #6c624231
+from dataclasses import asdict, dataclass
+from typing import Protocol, runtime_checkable
+
+from fastcore.basics import patch
+
+from .config import config_from_dict, ranged
+
+@runtime_checkable
+class Drafter(Protocol):
+    "Proposes tokens for `speculative_loop`; built from its settings (`build`), described for records and plots."
+    block_size: int                 # verify width: at most block_size - 1 proposals per step
+    layer_ids: list[int]            # target layers whose hidden states it reads ([]: none; the loop captures these)
+    def __call__(self, ctx, anchor: int, start: int, tokens: list[int]):
+        "greedy: the proposed ids; temperature > 0: (ids, q [m, V]) where q is the distribution each id was drawn from"
+    def describe(self) -> dict:
+        "{'drafter': <registry name>, **the settings that identify it}: for result records, tables, plot labels"
+
+# %% ../nbs/30_decode.ipynb #6bcf2b28
+DRAFTERS: dict[str, type] = {}               # registry name -> drafter class (`register_drafter`)
+DRAFTER_ALIASES = {"ngram": "lookup"}        # names users typed before the registry, still understood
+
+def register_drafter(name: str):
+    "Class decorator: file drafter class `cls` under `name` in `DRAFTERS` (it needs `build`, `describe` and `Settings`)."
+    def register(cls):
+        missing = [m for m in ("build", "describe", "Settings") if getattr(cls, m, None) is None]
+        if missing: raise TypeError(f"drafter {name!r}: {cls.__name__} has no {', '.join(missing)} (see `Drafter`)")
+        old = DRAFTERS.get(name)
+        if old is not None and old.__qualname__ != cls.__qualname__:    # (a re-run notebook cell redefines the same class)
+            raise ValueError(f"drafter {name!r} is registered already, by {old.__qualname__}; choose another name")
+        cls.name, DRAFTERS[name] = name, cls
+        return cls
+    return register
+
+def drafter_class(name: str) -> type:
+    "The class registered as `name` (an old alias such as 'ngram' understood); an unknown name fails listing the known."
+    cls = DRAFTERS.get(DRAFTER_ALIASES.get(name, name)) if isinstance(name, str) else None
+    if cls is None: raise ValueError(f"drafter {name!r} is not registered; choose one of {', '.join(DRAFTERS)}")
+    return cls
+
+# %% ../nbs/30_decode.ipynb #6a6470fa
+def drafter_settings(cls: type, settings: dict | None, where: str | None = None):
+    "`settings` checked against `cls.Settings` (names, types, ranges): its dataclass instance, or a one-line ConfigError."
+    return config_from_dict(cls.Settings, dict(settings or {}), where or f"drafter {cls.name!r} settings")
+
+def build_drafter(spec: dict, target, draft=None, timer: StepTimer | None = None, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> Drafter:
+    "The drafter `spec` = {'drafter': name, **settings} describes, built for `target` (and `draft`, for those that need one)."
+    spec = dict(spec)
+    cls = drafter_class(spec.pop("drafter", None))
+    return cls.build(target, spec, draft=draft, timer=timer, temperature=temperature, generator=generator)
+
+@torch.no_grad()
+def drafter_generate(target, drafter: Drafter, input_ids, max_new_tokens: int, stop_token_ids=(),
+                     timer: StepTimer | None = None, temperature: float = 0.0,
+                     generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+    "`speculative_loop` with `drafter`'s proposals, its verify width and the target layers it reads."
+    return speculative_loop(target, drafter, input_ids, max_new_tokens, drafter.block_size, drafter.layer_ids,
+                            stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+
 # %% ../nbs/30_decode.ipynb #8874f8b6
 def proposal_slots(block_size: int, shift_label: bool) -> list[int]:
     "Draft slot of proposals d_1..d_{bs-1}: slot i-1 when `shift_label`, slot i otherwise."
@@ -337,6 +398,43 @@ class DraftProposer:
         if not self.use_head: return base[self.slots].argmax(-1).tolist()
         return domino_rollout(self.draft, self.embed, z, base, anchor, self.d, self.candidate_k, self.timer)
 
+# %% ../nbs/30_decode.ipynb #d4922a28
+@dataclass
+class DraftSettings:
+    "Settings of the `draft` drafter (a trained DFlash or Domino draft)."
+    use_head: bool = True  # Domino drafts: the head corrects the proposals (false: the backbone alone)
+    candidate_k: int = ranged(0, ">= 0", "0 = the whole vocabulary")  # Domino head: re-rank the base's top-K ids only
+
+DraftProposer.Settings, DraftProposer.uses_draft = DraftSettings, True
+
+@patch(as_prop=True)
+def block_size(self: DraftProposer) -> int: return self.d.block_size
+
+@patch(as_prop=True)
+def layer_ids(self: DraftProposer) -> list[int]: return list(self.d.target_layer_ids)
+
+@patch
+def describe(self: DraftProposer) -> dict:
+    return dict(drafter=self.name, projector_type=self.d.projector_type, shift_label=self.d.shift_label,
+                block_size=self.d.block_size, use_head=self.use_head, candidate_k=self.candidate_k)
+
+@patch(cls_method=True)
+def build(cls: DraftProposer, target, settings: dict, draft=None, timer: StepTimer | None = None,
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> DraftProposer:
+    s = drafter_settings(cls, settings)
+    if draft is None:
+        raise ValueError(f"drafter {cls.name!r} decodes with a trained DFlash/Domino draft: pass its exported folder")
+    return cls(draft, target, check_draft_fits(draft, target), use_head=s.use_head, candidate_k=s.candidate_k,
+               timer=timer, temperature=temperature, generator=generator)
+
+@patch
+def companions(self: DraftProposer, candidate_ks=()) -> dict[str, dict]:
+    "{name: settings} of the other decodes an evaluation measures beside this one: Domino's backbone alone, its pools."
+    if not self.d.is_domino: return {}
+    return {"base": dict(use_head=False), **{f"k{k}": dict(use_head=True, candidate_k=int(k)) for k in candidate_ks}}
+
+register_drafter("draft")(DraftProposer)
+
 # %% ../nbs/30_decode.ipynb #83f19e68
 @torch.no_grad()
 def speculative_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), use_head: bool = True,
@@ -403,6 +501,36 @@ class NgramProposer:
         q = torch.zeros(len(props), self.V)                  # a deterministic proposal: all the draft's mass on it
         q[torch.arange(len(props)), props] = 1.0
         return props, q
+
+# %% ../nbs/30_decode.ipynb #fa600865
+@dataclass
+class LookupSettings:
+    "Settings of the `lookup` drafter (prompt lookup, vLLM's names)."
+    prompt_lookup_min: int = ranged(1, ">= 1")  # shortest suffix n-gram looked up
+    prompt_lookup_max: int = ranged(3, ">= 1")  # longest suffix n-gram looked up
+    num_speculative_tokens: int = ranged(15, f"[1, {MAX_VERIFY_WIDTH - 1}]")  # most tokens proposed per step (block size - 1)
+
+    def __post_init__(self):                   # (each range is checked after this)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} > prompt_lookup_max {self.prompt_lookup_max}: "
+                             "no n-gram length to look up; pass a min <= max")
+
+NgramProposer.Settings, NgramProposer.layer_ids = LookupSettings, []      # reads no target features
+
+@patch(as_prop=True)
+def block_size(self: NgramProposer) -> int: return self.k + 1  # noqa: F811 (patched onto this class)
+
+@patch
+def describe(self: NgramProposer) -> dict:  # noqa: F811 (patched onto this class)
+    return dict(drafter=self.name, prompt_lookup_min=self.lo, prompt_lookup_max=self.hi, num_speculative_tokens=self.k)
+
+@patch(cls_method=True)
+def build(cls: NgramProposer, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> NgramProposer:
+    s = drafter_settings(cls, settings)
+    return cls(target.get_output_embeddings().weight.shape[0], **asdict(s), temperature=temperature, timer=timer)
+
+register_drafter("lookup")(NgramProposer)
 
 # %% ../nbs/30_decode.ipynb #e88d958a
 def _check_temperature(temperature):
@@ -471,6 +599,37 @@ class Eagle3Proposer:
                     h = self.draft.extend(e, h, torch.tensor([[start - 1 + j]], device=dev), self.cache)
             self.cache.crop(start)                                                         # keep the context only
         return (props, torch.stack(qs)) if sampled else props
+
+# %% ../nbs/30_decode.ipynb #fd6b8c8b
+@dataclass
+class Eagle3Settings:
+    "Settings of the `eagle3` drafter (a trained EAGLE-3 draft)."
+    block_size: int | None = ranged(None, f"[2, {MAX_VERIFY_WIDTH}]", "or null for the draft config's")  # chain length + 1
+
+Eagle3Proposer.Settings, Eagle3Proposer.uses_draft = Eagle3Settings, True
+
+@patch(as_prop=True)
+def block_size(self: Eagle3Proposer) -> int: return self.bs  # noqa: F811 (patched onto this class)
+
+@patch(as_prop=True)
+def layer_ids(self: Eagle3Proposer) -> list[int]: return list(self.draft.target_layer_ids)  # noqa: F811 (patched onto this class)
+
+@patch
+def describe(self: Eagle3Proposer) -> dict:  # noqa: F811 (patched onto this class)
+    return dict(drafter=self.name, block_size=self.bs, target_layer_ids=self.layer_ids)
+
+@patch(cls_method=True)
+def build(cls: Eagle3Proposer, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> Eagle3Proposer:
+    s = drafter_settings(cls, settings)
+    if not isinstance(draft, Eagle3DraftModel):
+        raise ValueError(f"drafter {cls.name!r} decodes with a trained EAGLE-3 draft: pass its exported folder")
+    check_eagle3_fits(draft, target)
+    bs = s.block_size or getattr(draft.config, "block_size", None)
+    if not isinstance(bs, int) or bs < 2: raise ValueError(f"eagle3 block_size must be an integer >= 2, got {bs!r}")
+    return cls(draft, target, bs, timer=timer, temperature=temperature, generator=generator)
+
+register_drafter("eagle3")(Eagle3Proposer)
 
 # %% ../nbs/30_decode.ipynb #9f961b35
 @torch.no_grad()

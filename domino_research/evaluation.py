@@ -6,16 +6,20 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Literal
 
 import numpy as np
 import torch
 
-from .files import dumps_strict, looks_local
+from .config import ConfigError, config_from_dict, ranged
+from .files import dumps_strict, looks_local, write_json
 from .progress import Phase
 from domino_research.data import (
     ChatDataError,
@@ -27,19 +31,18 @@ from domino_research.data import (
     repetition_score,
     stop_token_ids,
 )
-from .decode import (StepTimer, check_draft_fits, check_ngram_params, greedy_generate, ngram_generate,
-                                    sample_generate, speculative_generate)
-from .draft import DFlashDraftModel
+from .decode import (StepTimer, build_drafter, drafter_class, drafter_generate, drafter_settings,
+                                    greedy_generate, sample_generate)
+from .eagle3 import Eagle3DraftModel
 from .embedded import embedded_dataset_path, load_embedded_target, resolve_data_path, resolve_target_path
-from .files import write_json
-from .export import check_draft_folder, find_draft_dir, load_draft
+from .export import check_draft_folder, find_draft_dir, load_draft, load_eagle3_export
 from .stats import pooled_tau_ratio
 from .target import check_target_path, load_target, load_tokenizer
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
-           'sample_prompts', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench', 'decode_eval',
-           'print_summary']
+           'sample_prompts', 'EvalConfig', 'eval_settings', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench',
+           'decode_eval', 'print_summary']
 
 # %% ../nbs/32_evaluation.ipynb #d09b2cc9
 def prompt_messages(messages: list[dict], where: str) -> list[dict]:
@@ -151,34 +154,27 @@ def sample_prompts(records: list[dict], n: int, seed: int | None = 0, stratify_b
             depth += 1
     return [{**records[i], "group": key(records[i]) if key else None, "stratify_by": col} for i in picked]
 
-# %% ../nbs/32_evaluation.ipynb #c3e0f001
-def _check_drafter(drafter: str, prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int) -> dict | None:
-    "The prompt-lookup parameters when `drafter` is 'ngram' (checked), None for 'draft'; any other drafter is refused."
-    if drafter not in ("draft", "ngram"): raise ValueError(f"drafter must be 'draft' or 'ngram' (prompt lookup), got {drafter!r}")
-    if drafter == "draft": return None
-    check_ngram_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
-    return dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
-                num_speculative_tokens=num_speculative_tokens)
+# %% ../nbs/32_evaluation.ipynb #301e273f
+_EAGLE3_FOLDERS = {"LlamaForCausalLMEagle3": "export", "Eagle3DraftModel": "run"}   # config.json's architectures
 
-# %% ../nbs/32_evaluation.ipynb #ab6c94ec
-def _drafter(draft_dir, model, lookup: dict | None):
-    """(generate, d): `generate(ids, max_new_tokens, stops, **kw)` decodes with the trained draft of `draft_dir`
-    (loaded, cast like the target and checked against it) or, given `lookup`, by prompt lookup; `d` holds the drafter's
-    block_size, shift_label, projector_type, is_domino and dtype for the result."""
+def _eagle3_folder(path) -> str | None:
+    "'export' for an exported EAGLE-3 folder (notebook 31), 'run' for a run's saved EAGLE-3 draft, else None."
+    try: arch = json.loads(Path(path, "config.json").read_text()).get("architectures") or [None]
+    except (OSError, ValueError, AttributeError): return None
+    return _EAGLE3_FOLDERS.get(arch[0])
+
+def _load_eagle3(path):
+    "An EAGLE-3 draft read back with json and safetensors only: an export (`load_eagle3_export`) or a run's `draft/`."
+    if _eagle3_folder(path) == "export": return load_eagle3_export(path)
+    return Eagle3DraftModel.from_pretrained(Path(path), use_safetensors=True)
+
+def _draft_model(draft, model):
+    "The draft a drafter decodes with: a loaded model as given, or an exported folder (DFlash/Domino or EAGLE-3) read back."
+    if draft is None: return None
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    if lookup is not None:
-        def generate(ids, max_new_tokens, stops, use_head=True, **kw):         # (no head to switch off)
-            return ngram_generate(model, ids, max_new_tokens, stops, **lookup, **kw)
-        info = dict(block_size=lookup["num_speculative_tokens"] + 1, shift_label=None, projector_type="ngram", is_domino=False,
-                    dtype=str(dtype).replace("torch.", ""))
-        return generate, SimpleNamespace(**info)
-    draft = draft_dir if isinstance(draft_dir, DFlashDraftModel) else load_draft(draft_dir, target_config=model.config)
-    draft = draft.to(device=dev, dtype=dtype).eval()                 # bf16 with a bf16 target (RoPE stays fp32)
-    d = check_draft_fits(draft, model)
-    def generate(ids, max_new_tokens, stops, **kw): return speculative_generate(model, draft, ids, max_new_tokens, stops, **kw)
-    info = dict(block_size=d.block_size, shift_label=d.shift_label, projector_type=d.projector_type, is_domino=d.is_domino,
-                dtype=str(next(draft.parameters()).dtype).replace("torch.", ""))
-    return generate, SimpleNamespace(**info)
+    if isinstance(draft, (str, Path)):
+        draft = _load_eagle3(draft) if _eagle3_folder(draft) else load_draft(draft, target_config=model.config)
+    return draft.to(device=dev, dtype=dtype).eval()                   # bf16 with a bf16 target (RoPE stays fp32)
 
 # %% ../nbs/32_evaluation.ipynb #aec0bd9f
 def _load_target(target, trust_remote_code: bool = False):
@@ -220,6 +216,45 @@ def _check_counts(**counts):
     for k, v in counts.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
 
+# %% ../nbs/32_evaluation.ipynb #eacadd28
+@dataclass
+class EvalConfig:
+    "How a drafter is measured; the chosen drafter's own settings are given beside these fields."
+    # -- the drafter
+    drafter: str = "draft"  # a registered drafter (decode.DRAFTERS): draft, lookup, eagle3, ...; 'ngram' means lookup
+    # -- the prompts
+    prompts: str | None = None  # prompt set: a JSONL / JSON / parquet file or a hub dataset name (null: embedded test split)
+    prompt_split: str | None = None  # split of a hub dataset / folder with several (e.g. test)
+    n_prompts: int = ranged(50, ">= 1")  # prompts sampled from the set and decoded
+    prompt_seed: int | None = ranged(0, ">= 0", "or null for the first rows in file order")  # seed of the prompt sample
+    stratify_by: str | None = "auto"  # column the sample takes in turn (auto: module if every row has one; null: uniform)
+    enable_thinking: bool = False  # the chat template's thinking switch (Qwen3)
+    long_prompts: Literal["refuse", "truncate"] = "refuse"  # prompt + max_new_tokens past the target's context: refuse or cut
+    # -- decoding
+    max_new_tokens: int = ranged(128, ">= 1")  # new tokens decoded per prompt
+    temperature: float = ranged(0.0, ">= 0", "0 = greedy")  # > 0: speculative sampling (lossless in distribution)
+    sample_seed: int = ranged(0, ">= 0")  # seed of the draws at temperature > 0
+    candidate_ks: list[int] = field(default_factory=list)  # Domino drafts: also decode with these top-K candidate pools
+    warmup: int = ranged(1, ">= 0")  # prompts decoded first, untimed (lazy initialisation)
+    trust_remote_code: bool = False  # run the Python a target folder ships (auto_map): only code you have read
+
+def eval_settings(settings: dict, where: str = "evaluate_draft") -> tuple[EvalConfig, dict]:
+    "(the `EvalConfig` of the keys that are its fields, the drafter spec {'drafter': name, **the other keys}), both checked."
+    keys = {f.name for f in dataclasses.fields(EvalConfig)}
+    own = {k: list(v) if k == "candidate_ks" and isinstance(v, tuple) else v for k, v in settings.items() if k in keys}
+    _check_counts(**{k: own[k] for k in ("n_prompts", "max_new_tokens") if k in own},
+                  **{f"candidate_k={k}": k for k in own.get("candidate_ks") or ()})
+    cfg = config_from_dict(EvalConfig, own, where)
+    cls, rest = drafter_class(cfg.drafter), {k: v for k, v in settings.items() if k not in keys}
+    bad = sorted(set(rest) - {f.name for f in dataclasses.fields(cls.Settings)})
+    if bad: raise ConfigError(f"{where}: {bad[0]!r} is neither an evaluation key nor a setting of drafter {cls.name!r} "
+                              f"(its settings: {', '.join(f.name for f in dataclasses.fields(cls.Settings)) or 'none'})")
+    drafter_settings(cls, rest, f"{where}: drafter {cls.name!r}")
+    if cfg.candidate_ks and not hasattr(cls, "companions"):
+        raise ConfigError(f"{where}: candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which "
+                          f"drafter {cls.name!r} does not have; drop candidate_ks")
+    return cfg, {"drafter": cls.name, **rest}
+
 # %% ../nbs/32_evaluation.ipynb #a8048a13
 def _fit_prompts(enc: list, sample: list[dict], max_new_tokens: int, target_config, long_prompts: str):
     """The prompt ids with room for `max_new_tokens` in the target's `max_position_embeddings`: a longer prompt is refused,
@@ -243,54 +278,48 @@ def _fit_prompts(enc: list, sample: list[dict], max_new_tokens: int, target_conf
         cut, dropped = cut + (P > room), dropped + max(P - room, 0)
     return out, cut, dropped
 
-# %% ../nbs/32_evaluation.ipynb #f36ba6bf
+# %% ../nbs/32_evaluation.ipynb #9d8191ce
 @torch.no_grad()
-def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128,
-                   candidate_ks=(), enable_thinking: bool = False, warmup: int = 1, verbose: bool = False,
-                   prompt_seed: int | None = 0, stratify_by: str | None = "auto", prompt_split: str | None = None,
-                   temperature: float = 0.0, sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft",
-                   prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
-                   progress: bool = True, trust_remote_code: bool = False) -> dict:
-    """Speculative vs plain greedy decoding of `target` on a seeded sample of `n_prompts` prompts: τ, acceptance, speed,
-    losslessness. `drafter`: "draft" (the draft in `draft_dir`) or "ngram" (prompt lookup, no draft: `draft_dir` unused).
+def evaluate_draft(draft=None, target=None, prompts=None, *, verbose: bool = False, progress: bool = True,
+                   **settings) -> dict:
+    """Speculative vs plain decoding of `target` on a seeded sample of prompts: τ, acceptance, speed, losslessness.
+    `settings`: the fields of `EvalConfig` (`drafter` names the drafter) and the chosen drafter's own settings.
+    `draft`: the trained draft of a drafter that decodes with one (an exported folder, or the loaded model).
 
-    `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent).
-    `trust_remote_code`: run the Python a target folder ships (auto_map); refused in one line otherwise."""
-    _check_counts(n_prompts=n_prompts, max_new_tokens=max_new_tokens, **{f"candidate_k={k}": k for k in candidate_ks})
-    if prompt_seed is not None and (isinstance(prompt_seed, bool) or not isinstance(prompt_seed, int) or prompt_seed < 0):
-        raise ValueError(f"prompt_seed must be an integer >= 0 (or None: the first rows in file order), got {prompt_seed!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    sampled = temperature > 0
-    lookup = _check_drafter(drafter, prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
-    if lookup is not None and draft_dir is not None:          # as the command line refuses --draft with --drafter ngram
-        raise ValueError("draft_dir: prompt lookup (drafter='ngram') uses no trained draft; pass None as draft_dir, "
-                         "or drafter='draft' to decode with it")
-    # a bad folder fails before a target of many GB loads
-    if lookup is None and not isinstance(draft_dir, DFlashDraftModel):
+    `progress`: a bar over the prompts while decoding, then one `decoding: ...` summary line (False: silent)."""
+    src = settings.pop("prompts", None) if prompts is None else prompts   # a file, a hub name or a list of rows
+    cfg, spec = eval_settings(settings)
+    cls, sampled = drafter_class(cfg.drafter), cfg.temperature > 0
+    uses_draft = getattr(cls, "uses_draft", False)                  # decodes with a trained draft (notebook 30)
+    if draft is not None and not uses_draft:          # it would be ignored without a word
+        raise ValueError(f"draft: drafter {cls.name!r} decodes with no trained draft; pass None, or a drafter that uses it")
+    if uses_draft and draft is None: raise ValueError(f"drafter {cls.name!r} decodes with a trained draft: pass its folder")
+    if isinstance(draft, (str, Path)) and not _eagle3_folder(draft):   # a bad folder fails before a target of many GB loads
         if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
-        check_draft_folder(draft_dir)
-    model, tok = _load_target(target, trust_remote_code)
-    dev = next(model.parameters()).device
-    generate, d = _drafter(draft_dir, model, lookup)                 # bad pairs fail before any decoding
-    if candidate_ks and not d.is_domino:
-        raise ValueError(f"candidate_ks {list(candidate_ks)}: a candidate pool is re-ranked by the Domino head, which "
-                         f"{'prompt lookup' if lookup else 'this draft'} does not have; drop candidate_ks")
-    src = prompts if prompts is not None else _default_prompts()
-    sample = sample_prompts(read_prompts(src, prompt_split), n_prompts, prompt_seed, stratify_by)
-    enc, stops = [encode_prompt(tok, r["messages"], enable_thinking) for r in sample], stop_token_ids(tok, model)
-    enc, n_cut, cut_tokens = _fit_prompts(enc, sample, max_new_tokens, model.config, long_prompts)
-    variants = {"spec": dict(use_head=True)}
-    if d.is_domino:
-        variants["base"] = dict(use_head=False)
-        variants.update({f"k{k}": dict(candidate_k=int(k)) for k in candidate_ks})
+        check_draft_folder(draft)
+    model, tok = _load_target(target, cfg.trust_remote_code)
+    dev, draft = next(model.parameters()).device, _draft_model(draft, model)
+    probe = build_drafter(spec, model, draft=draft)                    # bad pairs fail before any decoding
+    companions = probe.companions(cfg.candidate_ks) if hasattr(probe, "companions") else {}
+    if any(f"k{k}" not in companions for k in cfg.candidate_ks):
+        raise ValueError(f"candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which drafter "
+                         f"{probe.describe()} does not have; drop candidate_ks")
+    src = src if src is not None else _default_prompts()
+    sample = sample_prompts(read_prompts(src, cfg.prompt_split), cfg.n_prompts, cfg.prompt_seed, cfg.stratify_by)
+    enc, stops = [encode_prompt(tok, r["messages"], cfg.enable_thinking) for r in sample], stop_token_ids(tok, model)
+    enc, n_cut, cut_tokens = _fit_prompts(enc, sample, cfg.max_new_tokens, model.config, cfg.long_prompts)
+    variants = {"spec": spec, **{name: {**spec, **changes} for name, changes in companions.items()}}
     def reference(ids, rec):                                     # plain decoding of the target: greedy, or sampled
-        if not sampled: return greedy_generate(model, ids, max_new_tokens, stops)
-        return sample_generate(model, ids, max_new_tokens, stops, temperature, _generator(sample_seed, rec))
-    def sampling(rec): return dict(temperature=temperature, generator=_generator(sample_seed, rec)) if sampled else {}
-    for ids, rec in list(zip(enc, sample))[:warmup]:             # untimed: lazy initialisation of both paths
+        if not sampled: return greedy_generate(model, ids, cfg.max_new_tokens, stops)
+        return sample_generate(model, ids, cfg.max_new_tokens, stops, cfg.temperature, _generator(cfg.sample_seed, rec))
+    def generate(ids, rec, variant, timer=None):                 # a fresh drafter per prompt: its caches start empty
+        g = _generator(cfg.sample_seed, rec) if sampled else None
+        drafter = build_drafter(variant, model, draft=draft, timer=timer, temperature=cfg.temperature, generator=g)
+        return drafter_generate(model, drafter, ids, cfg.max_new_tokens, stops, timer=timer, temperature=cfg.temperature,
+                                generator=g)
+    for ids, rec in list(zip(enc, sample))[: cfg.warmup]:       # untimed: lazy initialisation of both paths
         reference(ids, rec)
-        generate(ids, max_new_tokens, stops, **sampling(rec))
+        generate(ids, rec, spec)
     per_prompt, stats, secs, timers = [], {v: [] for v in variants}, {v: 0.0 for v in ["greedy", *variants]}, []
     n_tokens, lossless = 0, True
     phase = Phase("decoding", total=len(enc), unit="prompt", show=progress)
@@ -301,10 +330,10 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
         n_tokens += len(ref)
         row = dict(prompt_id=rec["id"], prompt_index=rec["index"], group=rec["group"], prompt_tokens=ids.shape[1],
                    new_tokens=len(ref), loops=loops(tok.decode(ref), ref), repetition=repetition_score(ids[0].tolist(), ref))
-        for name, kw in variants.items():
+        for name, variant in variants.items():
             timer = StepTimer(sync=dev.type == "cuda")
             t0 = time.perf_counter()
-            toks, st = generate(ids, max_new_tokens, stops, timer=timer, **kw, **sampling(rec))
+            toks, st = generate(ids, rec, variant, timer)
             secs[name] += time.perf_counter() - t0
             if name == "spec": timers.append(timer)
             stats[name].append(st)
@@ -316,58 +345,44 @@ def evaluate_draft(draft_dir, target=None, prompts=None, n_prompts: int = 50, ma
         phase.update(tau=f"{_sum_stats(stats['spec'])['tau']:.2f}")
         if verbose:
             print(f"prompt {i} ({rec['id']}): {len(ref)} tokens, tau {row['tau_spec']:.2f}, lossless {row['lossless_spec']}")
-    if sampled: lossless = None
-    spec = _sum_stats(stats["spec"])
+    spec_sum = _sum_stats(stats["spec"])
     phase.done(f"{len(enc)} prompts, {n_tokens:,} tokens", f" (speculative {n_tokens / secs['spec']:.0f} tok/s, target "
-               f"{n_tokens / secs['greedy']:.0f} tok/s), τ {spec['tau']:.2f}")
+               f"{n_tokens / secs['greedy']:.0f} tok/s), τ {spec_sum['tau']:.2f}")
+    res = _eval_result(cfg, probe, variants, stats, secs, timers, per_prompt, n_tokens, None if sampled else bool(lossless),
+                       dev, draft if draft is not None else model, src, sample, n_cut, cut_tokens)
+    return res
+
+# %% ../nbs/32_evaluation.ipynb #38e6353b
+def _eval_result(cfg: EvalConfig, probe, variants, stats, secs, timers, per_prompt, n_tokens, lossless, dev, weights, src,
+                 sample, n_cut, cut_tokens) -> dict:
+    "The result record of `evaluate_draft`: the drafter as it describes itself, the decode's figures, how it was sampled."
+    spec, sampled, about = _sum_stats(stats["spec"]), cfg.temperature > 0, probe.describe()
     base = _sum_stats(stats["base"]) if "base" in stats else spec
     res = dict(
-        n_prompts=len(enc),
-        max_new_tokens=max_new_tokens,
-        block_size=d.block_size,
-        shift_label=d.shift_label,
-        projector_type=d.projector_type,
-        new_tokens=n_tokens,
-        lossless=None if lossless is None else bool(lossless),
-        temperature=temperature,
-        sample_seed=sample_seed if sampled else None,
-        long_prompts=long_prompts,
-        truncated_prompts=n_cut,
+        n_prompts=len(per_prompt), max_new_tokens=cfg.max_new_tokens, block_size=probe.block_size,
+        drafter=about, shift_label=about.get("shift_label"), projector_type=about.get("projector_type"),
+        new_tokens=n_tokens, lossless=lossless, temperature=cfg.temperature,
+        sample_seed=cfg.sample_seed if sampled else None, long_prompts=cfg.long_prompts, truncated_prompts=n_cut,
         truncated_prompt_tokens=cut_tokens,
-        lossless_check="per prompt: speculative tokens == greedy tokens"
-        if not sampled
+        lossless_check="per prompt: speculative tokens == greedy tokens" if not sampled
         else "in distribution: speculative sampling keeps the target's sampling distribution (the chi-square tests of "
         "notebook 30_decode); two samples of one prompt differ, so there is no per-prompt check at T > 0",
-        tau=spec["tau"],
-        tau_base=base["tau"],
-        per_slot_acceptance=spec["per_slot_acceptance"],
-        per_slot_acceptance_base=base["per_slot_acceptance"],
-        accept_hist=spec["accept_hist"],
-        accept_hist_base=base["accept_hist"],
-        verify_steps=spec["verify_steps"],
-        spec_tokens_per_s=n_tokens / secs["spec"],
-        target_tokens_per_s=n_tokens / secs["greedy"],
-        speedup=secs["greedy"] / secs["spec"],
-        efficiency=secs["greedy"] / secs["spec"] / spec["tau"],
-        seconds=secs,
-        tau_candidate={k: _sum_stats(stats[f"k{k}"])["tau"] for k in candidate_ks if f"k{k}" in stats},
+        tau=spec["tau"], tau_base=base["tau"], per_slot_acceptance=spec["per_slot_acceptance"],
+        per_slot_acceptance_base=base["per_slot_acceptance"], accept_hist=spec["accept_hist"],
+        accept_hist_base=base["accept_hist"], verify_steps=spec["verify_steps"],
+        spec_tokens_per_s=n_tokens / secs["spec"], target_tokens_per_s=n_tokens / secs["greedy"],
+        speedup=secs["greedy"] / secs["spec"], efficiency=secs["greedy"] / secs["spec"] / spec["tau"], seconds=secs,
+        tau_candidate={k: _sum_stats(stats[f"k{k}"])["tau"] for k in cfg.candidate_ks if f"k{k}" in stats},
         profile=_profile(timers, secs["spec"], spec["verify_steps"], secs["greedy"], n_tokens),
-        per_prompt=per_prompt,
-        device=str(dev),
-        dtype=d.dtype,
-        drafter=drafter,
-        prompt_lookup=lookup,
+        per_prompt=per_prompt, device=str(dev), dtype=str(next(weights.parameters()).dtype).replace("torch.", ""),
         torch_threads=torch.get_num_threads(),
         prompt_sample=dict(
-            source=str(src),
-            split=prompt_split,
-            seed=prompt_seed,
-            stratify_by=sample[0]["stratify_by"],
+            source=str(src), split=cfg.prompt_split, seed=cfg.prompt_seed, stratify_by=sample[0]["stratify_by"],
             n_groups=len({r["group"] for r in sample}) if sample[0]["stratify_by"] else None,
             per_group=dict(sorted(Counter(r["group"] for r in sample).items())) if sample[0]["stratify_by"] else None,
         ),
     )
-    if d.is_domino:
+    if "base" in stats:                                   # a companion decode of the backbone alone: the head's gain
         res["base_tokens_per_s"] = n_tokens / secs["base"]
         res["tau_gain_head"] = _head_gain(per_prompt)
     res.update(_tau_by_loops(per_prompt, variants))
@@ -405,7 +420,7 @@ def plot_eval(res: dict, out_dir) -> list[Path]:
     from matplotlib.figure import Figure                                 # no pyplot: works headless and in notebooks
     from matplotlib.ticker import MaxNLocator
     out, bs, paths = Path(out_dir), res["block_size"], []
-    domino = res.get("projector_type") == "domino"
+    domino = "base_tokens_per_s" in res                                 # a base decode beside it: a Domino head to switch off
     series = [("", "with head" if domino else "draft", "C0")] + ([("_base", "base only", "C1")] if domino else [])
     taus = [r["tau_spec"] for r in res.get("per_prompt", []) if r["tau_spec"] == r["tau_spec"]]   # kept with --per_prompt
     fig = Figure(figsize=(10, 3.5) if taus else (5.5, 3.5))
@@ -462,43 +477,32 @@ def write_eval(res: dict, out_dir) -> Path:
     plot_eval(res, out)
     return out / "eval.json"
 
-# %% ../nbs/32_evaluation.ipynb #306b9e69
-def decode_bench(draft, target=None, prompts=None, n_prompts: int = 50, max_new_tokens: int = 128, candidate_k=(),
-                 threads: int | None = None, per_prompt: bool = False, as_json: bool = False, prompt_seed: int | None = 0,
-                 stratify_by: str | None = "auto", prompt_split: str | None = None, temperature: float = 0.0,
-                 sample_seed: int = 0, long_prompts: str = "refuse", drafter: str = "draft", prompt_lookup_min: int = 1,
-                 prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
-                 trust_remote_code: bool = False) -> dict:
-    "Run `evaluate_draft` for the command line and print the result (one JSON object when `as_json`)."
+# %% ../nbs/32_evaluation.ipynb #53b12bb8
+def decode_bench(draft=None, target=None, threads: int | None = None, per_prompt: bool = False, as_json: bool = False,
+                 **settings) -> dict:
+    "Run `evaluate_draft` for the command line (`settings`: as its) and print the result (one JSON object when `as_json`)."
     if threads: torch.set_num_threads(threads)
     if isinstance(draft, (str, Path)) and not Path(draft, "config.json").is_file():
         draft = find_draft_dir(draft)
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()   # stdout: the JSON alone
-    with quiet:
-        res = evaluate_draft(draft, target=target, prompts=prompts, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
-                             candidate_ks=tuple(candidate_k or ()), prompt_seed=prompt_seed, stratify_by=stratify_by,
-                             prompt_split=prompt_split, temperature=temperature, sample_seed=sample_seed,
-                             long_prompts=long_prompts, drafter=drafter, prompt_lookup_min=prompt_lookup_min,
-                             prompt_lookup_max=prompt_lookup_max, num_speculative_tokens=num_speculative_tokens,
-                             trust_remote_code=trust_remote_code)
+    with quiet: res = evaluate_draft(draft, target=target, **settings)
     if not per_prompt: res.pop("per_prompt")
     if as_json: print(dumps_strict(res))
-    else:
-        g = res.get("tau_gain_head")
-        gain = f", head gain {g['ratio']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] (95% CI)" if g else ""
-        cut = f" ({res['truncated_prompts']} cut to fit the target's context)" if res["truncated_prompts"] else ""
-        print(
-            f"{res['n_prompts']} prompts{cut}, {res['new_tokens']} tokens: tau {res['tau']:.2f} (base "
-            f"{res['tau_base']:.2f}{gain}) "
-            f"of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy {res['target_tokens_per_s']:.1f} "
-            f"tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} (speed-up / tau), "
-            + (
-                f"lossless {res['lossless']}"
-                if res["lossless"] is not None
-                else f"temperature {res['temperature']}: lossless in distribution (tested in notebook 30_decode), not per prompt"
-            )
-        )
+    else: print(_result_line(res))
     return res
+
+def _result_line(res: dict) -> str:
+    "One line of an `evaluate_draft` result: τ (the head's gain where there is a base), speed, losslessness."
+    g, about = res.get("tau_gain_head"), ", ".join(f"{k} {v}" for k, v in res["drafter"].items() if k != "drafter")
+    gain = f", head gain {g['ratio']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] (95% CI)" if g else ""
+    base = f" (base {res['tau_base']:.2f}{gain})" if "base_tokens_per_s" in res else ""
+    cut = f" ({res['truncated_prompts']} cut to fit the target's context)" if res["truncated_prompts"] else ""
+    lossless = (f"lossless {res['lossless']}" if res["lossless"] is not None else
+                f"temperature {res['temperature']}: lossless in distribution (tested in notebook 30_decode), not per prompt")
+    return (f"drafter {res['drafter']['drafter']} ({about}): {res['n_prompts']} prompts{cut}, {res['new_tokens']} tokens: "
+            f"tau {res['tau']:.2f}{base} of block {res['block_size']}, {res['spec_tokens_per_s']:.1f} tok/s vs greedy "
+            f"{res['target_tokens_per_s']:.1f} tok/s = {res['speedup']:.2f}x, efficiency {res['efficiency']:.2f} "
+            f"(speed-up / tau), {lossless}")
 
 # %% ../nbs/32_evaluation.ipynb #2ec69f9f
 def decode_eval(cfg) -> dict:

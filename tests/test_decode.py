@@ -77,7 +77,8 @@ def test_bench_decode_json(toy):
 
 
 def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
-    "--drafter ngram: prompt lookup through the same verify loop, no draft folder; the same result fields, lossless."
+    """--drafter ngram (prompt lookup's name before the registry, still understood as `lookup`): the same verify loop, no
+    draft folder; the same result fields, lossless."""
     from domino_research.bench import main
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
     main(["decode", "--drafter", "ngram", "--prompt_lookup_max", "2", "--num_speculative_tokens", "6", "--target",
@@ -86,8 +87,8 @@ def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
     res = json.loads(capsys.readouterr().out)
     for k in ("tau", "per_slot_acceptance", "speedup", "efficiency", "lossless", "accept_hist", "profile"):
         assert k in res, k
-    assert (res["drafter"], res["projector_type"], res["block_size"], res["lossless"]) == ("ngram", "ngram", 7, True)
-    assert res["prompt_lookup"] == {"prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 6}
+    assert (res["projector_type"], res["block_size"], res["lossless"]) == (None, 7, True)    # not a kind of draft
+    assert res["drafter"] == {"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 6}
     assert len(res["per_slot_acceptance"]) == 6 and 1 <= res["tau"] <= 7
     assert all(r["lossless_spec"] and 0 <= r["repetition"] <= 1 for r in res["per_prompt"])
 

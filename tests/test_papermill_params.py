@@ -67,3 +67,46 @@ def test_train_notebook_says_how_to_resume_before_it_trains(tmp_path, capsys):
     followed = f"output_dir = {str(tmp_path)!r}\nrun_name = 'r1'\noverwrite = False\nextra = '{{resume: latest}}'\n"
     for src in ("".join(cells[0]["source"]), followed, *("".join(c["source"]) for c in cells[1:3])): exec(src, ns)
     assert (ns["cfg"].resume, ns["cfg"].run_name, ns["cfg"].overwrite) == ("latest", "r1", False)
+
+
+# evaluate.ipynb: its parameters are EvalConfig's fields (notebook 32), under the names users type there
+EVAL_PARAM_NAMES = {"n_prompts": "n_eval_prompts", "prompts": "prompts_file"}
+EVAL_NOTEBOOK_ONLY = {"draft_dir", "target_dir", "drafter_settings", "out_dir", "threads"}
+EVAL_SMOKE_DEFAULTS = {"n_eval_prompts": 4, "max_new_tokens": 32}     # a quick run by default; the rest as EvalConfig's
+
+
+def eval_params_mismatch(config_cls, nb_path: Path) -> list[str]:
+    "What keeps evaluate.ipynb's parameters from being `config_cls`'s fields: missing, extra, or another default."
+    import dataclasses
+    params, _ = check_cells(nb_path)
+    ns = {}
+    exec(params, ns)
+    names = set(assigned_names(nb_path))
+    fields = {EVAL_PARAM_NAMES.get(f.name, f.name): f for f in dataclasses.fields(config_cls)}
+    out = [f"missing {n}" for n in sorted(set(fields) - names)]
+    out += [f"extra {n}" for n in sorted(names - set(fields) - EVAL_NOTEBOOK_ONLY)]
+    for n, f in fields.items():
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if n in ns and n not in EVAL_SMOKE_DEFAULTS and n != "candidate_ks" and ns[n] != default:
+            out.append(f"default of {n}: {ns[n]!r} != {default!r}")
+    return out
+
+
+def test_evaluate_parameters_are_the_eval_config():
+    "Each EvalConfig field is a parameter of evaluate.ipynb with its default; a field added and not exposed is caught."
+    import dataclasses
+    from domino_research.evaluation import EvalConfig
+    assert eval_params_mismatch(EvalConfig, NBS / "evaluate.ipynb") == []
+    Wider = dataclasses.make_dataclass("Wider", [("top_p", float, dataclasses.field(default=1.0))], bases=(EvalConfig,))
+    assert eval_params_mismatch(Wider, NBS / "evaluate.ipynb") == ["missing top_p"]
+
+
+def test_evaluate_old_lookup_parameter_names_the_new_spelling():
+    "`-p prompt_lookup_max 2` (a parameter before the drafter registry) is refused in one line with the new spelling."
+    from domino_research.config import ConfigError
+    with pytest.raises(ConfigError, match="parameter 'prompt_lookup_max' is a drafter setting: pass it as -p drafter_settings"):
+        run_checks("evaluate.ipynb", "prompt_lookup_max = 2\n")
+    ns = run_checks("evaluate.ipynb", "drafter = 'ngram'\ndrafter_settings = '{prompt_lookup_max: 2}'\n")
+    assert ns["spec"] == {"drafter": "lookup", "prompt_lookup_max": 2} and ns["cfg"].n_prompts == 4
+    with pytest.raises(ConfigError, match="'use_head' is neither an evaluation key nor a setting of drafter 'lookup'"):
+        run_checks("evaluate.ipynb", "drafter = 'lookup'\ndrafter_settings = '{use_head: false}'\n")
