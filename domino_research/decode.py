@@ -73,7 +73,7 @@ def _check_prompt(input_ids):
 def _device(model): return next(model.parameters()).device
 
 # %% ../nbs/30_decode.ipynb #6faf77e7
-@torch.no_grad()
+@torch.inference_mode()
 def plain_generate(
     target, input_ids, max_new_tokens: int, stop_token_ids=(), pick=lambda logits: int(logits.argmax())
 ) -> list[int]:
@@ -174,7 +174,7 @@ def _commit(out: list, tokens, stops: set, max_new_tokens: int) -> tuple[int, bo
     return len(tokens), False
 
 # %% ../nbs/30_decode.ipynb #d10f0cad
-@torch.no_grad()
+@torch.inference_mode()   # not only no_grad: no view or version tracking, a real part of a small step
 def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size: int, layer_ids,
                      stop_token_ids=(), timer: StepTimer | None = None, temperature: float = 0.0,
                      generator: torch.Generator | None = None) -> tuple[list[int], dict]:
@@ -203,8 +203,9 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                 raise ValueError(f"propose returned {len(proposals)} proposals, at most block_size - 1 = {block_size - 1}")
             with timer("verify"):
                 block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
+                pos = torch.arange(start, start + block.shape[1], device=dev)[None]   # given, not derived from the cache
                 with _kv_heads_shared(dev):
-                    logits = target(input_ids=block, cache=cache, use_cache=True).logits[0]          # [bs, V]
+                    logits = target(input_ids=block, position_ids=pos, cache=cache, use_cache=True).logits[0]   # [bs, V]
                 if sampled: n, nxt = verify_sampled(proposals, q, token_probs(logits, temperature), generator)
                 else:
                     g = logits.argmax(-1).tolist()                                           # [bs]
@@ -390,12 +391,13 @@ class DraftProposer:
             pos = torch.arange(start - C, start + bs, device=self.dev)[None]                   # [1, C+bs]
             z = self.draft(target_hidden=ctx.to(self.dev, self.dtype), noise_embedding=noise, position_ids=pos,
                            past_key_values=self.cache, use_cache=True)[0]                      # [bs, H]
+            if self.temperature <= 0 and not self.use_head:        # backbone, greedy: logits of the proposal slots only
+                return self.lm_head(z[self.slots].to(self.lm_head.weight.dtype)).argmax(-1).tolist()
             base = self.lm_head(z.to(self.lm_head.weight.dtype))                               # [bs, V]
         if self.temperature > 0:                                                               # (ids, q): sampled
             with self.timer("rollout"):
                 return sampled_proposals(self.draft, self.embed, z, base, anchor, self.d, self.temperature, self.generator,
                                          self.use_head, self.candidate_k)
-        if not self.use_head: return base[self.slots].argmax(-1).tolist()
         return domino_rollout(self.draft, self.embed, z, base, anchor, self.d, self.candidate_k, self.timer)
 
 # %% ../nbs/30_decode.ipynb #d4922a28
