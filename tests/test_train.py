@@ -541,7 +541,7 @@ def test_a_config_without_recipe_is_measured_as_it_trains(tmp_path):
     from domino_research.memory import memory_run_config, memory_target_config
     from domino_research.train import RECIPES, load_train_config
     from domino_research.train_config import DominoTrainConfig
-    text = (REPO / "domino_research" / "configs" / "embedded_domino.yaml").read_text()
+    text = (REPO / "domino_research" / "configs" / "embedded_dflash.yaml").read_text()
     path = tmp_path / "no_recipe.yaml"
     path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("recipe:")))
     cfg = load_train_config(path)
