@@ -20,7 +20,6 @@ import torch
 from .config import ConfigError
 from .files import dumps_strict, write_atomic
 from .progress import format_seconds
-from .draft import DFlashDraftModel, draft_qwen3_config
 from .embedded import sha256_file
 from .decode import drafter_class, drafter_settings
 from .evaluation import evaluate_draft
@@ -28,8 +27,9 @@ from .plots import log_scale, log_ticks, moving_average
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
 from .target import load_target, load_target_config, load_tokenizer
 from .lifecycle import list_checkpoints
+from .build import build_draft
 from .train import (
-    RECIPES, DFlashTrainConfig, load_train_config, main)
+    DFlashTrainConfig, load_train_config, main)
 from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
@@ -72,12 +72,9 @@ def _small_head(cfg, load) -> dict:
 
 # %% ../nbs/40_ablations.ipynb #27785c39
 def draft_parameters(cfg: DFlashTrainConfig) -> int:
-    "Trainable parameters of the draft that `cfg` trains (built on the meta device: no memory, no time)."
-    recipe = RECIPES[cfg.recipe](cfg)
-    recipe.target_config = load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code)
-    with torch.device("meta"):
-        draft = DFlashDraftModel(draft_qwen3_config(recipe.target_config, recipe._build_dflash_config(),
-                                                    cfg.draft_num_hidden_layers, cfg.draft_intermediate_size))
+    "Trainable parameters of the draft that `cfg` trains (notebook 21's builder on the meta device: no memory, no time)."
+    tc = load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code)
+    with torch.device("meta"): draft = build_draft(cfg, tc)
     return sum(p.numel() for p in draft.parameters() if p.requires_grad)
 
 # %% ../nbs/40_ablations.ipynb #b8eb9baf

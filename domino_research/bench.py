@@ -32,7 +32,7 @@ from .evaluation import EvalConfig, decode_bench
 from .target import check_device
 from .progress import hf_bars_off
 from .loss import chunked_dual_ce, naive_dual_ce
-from .memory import RECIPE_DEFAULTS, measure_config, measure_memory, memory_table, read_recipe_config
+from .memory import measure_config, memory_run_config, memory_table, sdpa_mask_bytes
 
 # %% auto #0
 __all__ = ['VARIANTS', 'MAX_PROCESSES', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
@@ -481,12 +481,8 @@ MAX_PROCESSES = 1024
 
 def _memory_mask_bytes(config: str, micro_batch_size: int | None) -> int:
     """Bytes of the one real tensor `bench memory` allocates that grows with the batch: the step's dense block attention
-    mask, B·q·(S + q) float32 for q = num_anchors·block_size query slots (the rest are fake tensors)."""
-    raw, d = read_recipe_config(config), signature_defaults(measure_memory)
-    recipe = raw.get("recipe", "domino")
-    size = lambda k: raw.get(k) or RECIPE_DEFAULTS.get(recipe, {}).get(k) or d[k]
-    B, S, q = micro_batch_size or size("micro_batch_size"), size("seq_length"), size("num_anchors") * size("block_size")
-    return B * q * (S + q) * 4
+    mask, B·q·(S + q) float32 for q = num_anchors·block_size (the rest are fake tensors)."""
+    return sdpa_mask_bytes(memory_run_config(config, micro_batch_size=micro_batch_size))
 
 def _add_memory_parser(sub):
     p = sub.add_parser("memory", help="peak GPU memory per rank at steady state (two training steps), measured on fake tensors")

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import torch
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from fastcore.basics import patch
 from torch import Tensor, nn
@@ -159,6 +159,23 @@ def block_targets(self: DFlashTrainer, input_ids, loss_mask, anchors, keep, posi
     w = loss_weights(valid, self.loss_decay_gamma, dfl.shift_label)
     return BlockTargets(labels, valid, w, int(w.count_nonzero()))
 
+# %% ../nbs/05_domino.ipynb #0f180a18
+@patch
+def sample_blocks(self: DFlashTrainer, batch: dict, generator) -> tuple[Tensor, Tensor]:
+    "A micro-batch's anchors and keep flags `[B, N]` (notebook 01) from its loss mask; NoValidAnchorsError if none fits."
+    return sample_anchors(batch["loss_mask"], self.draft.dflash.block_size, self.num_anchors, generator=generator,
+                          position_ids=batch.get("position_ids"))
+
+@patch
+def prepare_batch(self: DFlashTrainer, batch: dict, generator) -> Optional[Tensor]:
+    """Anchors, keep flags and `targets` of a micro-batch, put into it; their Σw (0-dim float64, where the batch is), or
+    None when it holds no block. Called on the host batch, so nothing here waits for the GPU."""
+    try: anchors, keep = self.sample_blocks(batch, generator)
+    except NoValidAnchorsError: return None
+    batch["anchor_positions"], batch["block_keep"] = anchors, keep
+    batch["targets"] = self.block_targets(batch["input_ids"], batch["loss_mask"], anchors, keep, batch.get("position_ids"))
+    return batch["targets"].weights.sum().double()
+
 # %% ../nbs/05_domino.ipynb #ab05a8e3
 @patch
 def _step(self: DFlashTrainer, input_ids, loss_mask, target_hidden, anchor_positions, block_keep, generator, lambda_base,
@@ -208,8 +225,8 @@ DFlashTrainer.train_metrics = ("loss", "base_loss", "base_accuracy", "base_accep
 DFlashTrainer.eval_metrics = ("loss", "base_loss", "accuracy", "base_accuracy", "accept_len", "base_accept_len")
 
 @patch
-def lambda_base(self: DFlashTrainer, step: int, total_steps: int, cfg) -> float:
-    "λ, the weight of the base loss after `step` of `total_steps` optimiser steps: DFlash trains the base loss only."
+def lambda_at(self: DFlashTrainer, step: int) -> float:
+    "λ, the weight of the base loss after `step` optimiser steps: DFlash trains the base loss only."
     return 1.0
 
 # %% ../nbs/05_domino.ipynb #20c6bba3
@@ -223,6 +240,14 @@ class DominoTrainer(DFlashTrainer):
     "Training step of a Domino draft: `loss = (1−λ)·L_final + λ·L_base` plus final/base metric sums."
     _needs_head = True
 
+    def __init__(self, draft: DFlashDraftModel, target_embed: nn.Embedding, target_lm_head: nn.Linear, *,
+                 total_steps: int = 1, lambda_base_start: float = 1.0, lambda_base_decay_ratio: float = 0.5,
+                 lambda_base_decay_steps: int | None = None, **kw):
+        "`DFlashTrainer`'s arguments, and λ's curriculum (notebook 04) over the run's `total_steps` optimiser steps."
+        super().__init__(draft, target_embed, target_lm_head, **kw)
+        self.total_steps, self.lambda_base_start = total_steps, lambda_base_start
+        self.lambda_base_decay_ratio, self.lambda_base_decay_steps = lambda_base_decay_ratio, lambda_base_decay_steps
+
     def _head_states(self, input_ids, anchors, z):
         dfl = self.draft.dflash
         s = slot_gru_states(self.draft, self.target_embed, input_ids, anchors, dfl.block_size, dfl.shift_label)
@@ -233,11 +258,10 @@ class DominoTrainer(DFlashTrainer):
     train_metrics = (*DFlashTrainer.train_metrics, "final_loss", "lambda_base")
     eval_metrics = (*DFlashTrainer.eval_metrics, "final_loss")
 
-    def lambda_base(self, step: int, total_steps: int, cfg) -> float:
-        """The λ curriculum (notebook 04) with the training config's `lambda_base_start` and `lambda_base_decay_ratio` (or
-        `_steps`)."""
-        return lambda_base_schedule(step, total_steps, cfg.lambda_base_start, cfg.lambda_base_decay_ratio,
-                                    cfg.lambda_base_decay_steps)
+    def lambda_at(self, step: int) -> float:
+        "λ after `step` optimiser steps: the curriculum set when the trainer was built."
+        return lambda_base_schedule(step, self.total_steps, self.lambda_base_start, self.lambda_base_decay_ratio,
+                                    self.lambda_base_decay_steps)
 
     def window_metrics(self, metrics: dict) -> dict:
         metrics["head_gain"] = metrics["accept_len"] - metrics["base_accept_len"]  # what the head adds this window

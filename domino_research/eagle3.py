@@ -291,7 +291,14 @@ class Eagle3Trainer(nn.Module):
         labels, valid, w = ttt_targets(input_ids, loss_mask, self.ttt_steps, self.ttt_loss_decay, position_ids)
         return BlockTargets(labels, valid, w, int((w != 0).sum()))
 
-    def lambda_base(self, step: int, total_steps: int, cfg) -> float: return 1.0
+    def prepare_batch(self, batch: dict, generator=None):
+        """No anchors: every position trains. The TTT targets put into the host batch, and their Σw; None when it has no
+        label to predict at all (the recipe then skips it)."""
+        batch["anchor_positions"] = batch["block_keep"] = None
+        t = batch["targets"] = self.block_targets(batch["input_ids"], batch["loss_mask"], position_ids=batch.get("position_ids"))
+        return t.weights.sum().double() if t.n_weighted else None
+
+    def lambda_at(self, step: int) -> float: return 1.0
     def window_metrics(self, metrics: dict) -> dict: return metrics
 
 # %% ../nbs/20_eagle3.ipynb #e8b64885

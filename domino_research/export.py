@@ -548,13 +548,14 @@ def _hyperparameters(cfg, summary: dict) -> dict:
     if cfg.max_steps is not None and summary.get("step") == cfg.max_steps: hp.pop("num_epochs", None)
     return hp
 
-def describe_run_draft(cfg, recipe=None) -> Path:
-    "Write the model card and the self-description of a finished run's `draft/` (`describe_draft`) from what the run knows."
-    tok = getattr(recipe, "tokenizer", None)
+def describe_run_draft(cfg, tokenizer=None, target_fingerprint: str | None = None) -> Path:
+    """Write the model card and the self-description of a finished run's `draft/` (`describe_draft`) from what the run
+    knows: its config, and the tokenizer and target fingerprint it trained with (None: not recorded)."""
+    tok = tokenizer
     data_fp = (chat_cache_key(resolve_data_path(cfg.train_data), tok, cfg.seq_length, cfg.enable_thinking, cfg.max_train_samples)
                if tok is not None and cfg.train_data else None)
     summary = read_figures(cfg.run_dir / "summary.json")
-    info = {**target_identity(cfg.target), "target_fingerprint": getattr(recipe, "target_fingerprint", None),
+    info = {**target_identity(cfg.target), "target_fingerprint": target_fingerprint,
             "data": cfg.train_data, "data_fingerprint": data_fp, "recipe": cfg.recipe, "enable_thinking": cfg.enable_thinking,
             "eos_token_id": getattr(tok, "eos_token_id", None), "pad_token_id": getattr(tok, "pad_token_id", None),
             "hyperparameters": _hyperparameters(cfg, summary),

@@ -20,6 +20,8 @@ from .cli import CommandLine
 from .blocks import sample_anchors
 from .draft import DFlashDraftModel, draft_qwen3_config
 from .domino import DominoTrainer
+from .build import build_trainer
+from .train_config import DominoTrainConfig
 from .target import capture_features, freeze, target_embed, target_lm_head
 from .data import toy_chat_tokenizer
 from .decode import greedy_generate, speculative_generate
@@ -33,10 +35,10 @@ __all__ = ['NO_GPU', 'PARITY_LOSS_TOL', 'PARITY_GRAD_TOL', 'QWEN3_8B_STEP', 'TIN
            'BUDGET', 'PartTimeout', 'compiled_graphs', 'cpu_seconds', 'run_part', 'report_line', 'expected_gpu',
            'torch_build', 'cuda_usable', 'gpu_gate', 'gpu_notebooks', 'run_gpu_notebooks', 'random_qwen3',
            'domino_draft', 'random_batch', 'domino_loss', 'parity_batch', 'parity_run', 'parity_verdict',
-           'flex_sdpa_parity', 'predict_step_peak', 'peak_verdict', 'step_cost', 'tiny_run_config', 'shard_plan',
-           'kill_and_resume', 'multi_gpu_skip', 'multi_gpu', 'not_checked', 'shipped_draft_dir', 'first_difference',
-           'top2_gap', 'compare_with_ties', 'decode_efficiency', 'flex_graphs', 'part_limit', 'budget_table',
-           'print_budget', 'main']
+           'flex_sdpa_parity', 'step_config', 'predict_step_peak', 'peak_verdict', 'step_cost', 'tiny_run_config',
+           'shard_plan', 'kill_and_resume', 'multi_gpu_skip', 'multi_gpu', 'not_checked', 'shipped_draft_dir',
+           'first_difference', 'top2_gap', 'compare_with_ties', 'decode_efficiency', 'flex_graphs', 'part_limit',
+           'budget_table', 'print_budget', 'main']
 
 # %% ../nbs/35_gpu_check.ipynb #e464a638
 NO_GPU = "gpu_check: no CUDA device on this machine, so no GPU check ran (run `make gpu-check` where a GPU is visible)"
@@ -278,8 +280,7 @@ def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
     cuda = dev.type == "cuda"
     draft = domino_draft(target, sizes["draft_layers"], sizes["block_size"], sizes["emb_dim"], sizes["gru_hidden_dim"], seed,
                          attn_implementation=backend)
-    trainer = DominoTrainer(draft, target_embed(target), target_lm_head(target), num_anchors=sizes["num_anchors"],
-                            loss_decay_gamma=7.0)
+    trainer = build_trainer(step_config(sizes), draft, target)   # the trainer the recipe builds (notebook 21)
     opt = torch.optim.AdamW(trainer.parameters(), lr=1e-5)
     _train_step(target, trainer, opt, batch)
     if cuda:
@@ -295,13 +296,18 @@ def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
 # %% ../nbs/35_gpu_check.ipynb #9b39204a
 STEP_PEAK_MARGIN = 0.10   # |CUDA peak / bench memory's prediction - 1|: allocator rounding, cuBLAS workspaces, kernel temporaries
 
+def step_config(sizes=QWEN3_8B_STEP, backend: str = "sdpa") -> DominoTrainConfig:
+    "The Domino training config of `step_cost`'s shape: one process, micro-batch 1 (the mask token: the last id)."
+    return DominoTrainConfig(micro_batch_size=1, seq_length=sizes["seq_len"], num_anchors=sizes["num_anchors"],
+                             block_size=sizes["block_size"], draft_num_hidden_layers=sizes["draft_layers"],
+                             emb_dim=sizes["emb_dim"], gru_hidden_dim=sizes["gru_hidden_dim"],
+                             mask_token_id=sizes["vocab_size"] - 1, attention_backend=backend)
+
 def predict_step_peak(sizes=QWEN3_8B_STEP) -> dict:
-    "`bench memory`'s steady-state tensor peak (notebook 16) for `step_cost`'s shape: one process, micro-batch 1."
+    "`bench memory`'s steady-state tensor peak (notebook 22) for `step_cost`'s shape: one process, micro-batch 1."
     from domino_research.memory import measure_memory   # seconds of imports: only when predicting
     tc = Qwen3Config(**{k: sizes[k] for k in _TARGET_KEYS}, tie_word_embeddings=False, max_position_embeddings=40960)
-    m = measure_memory(tc, recipe="domino", micro_batch_size=1, seq_length=sizes["seq_len"], num_anchors=sizes["num_anchors"],
-                       block_size=sizes["block_size"], draft_num_hidden_layers=sizes["draft_layers"], emb_dim=sizes["emb_dim"],
-                       gru_hidden_dim=sizes["gru_hidden_dim"])
+    m = measure_memory(step_config(sizes), tc)
     return dict(bytes=m["total"], phase=m["phase"], sdpa_mask_bytes=m["sdpa_mask_bytes"])
 
 def peak_verdict(measured: int | None, predicted: int, margin: float = STEP_PEAK_MARGIN) -> dict:

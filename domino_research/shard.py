@@ -18,7 +18,7 @@ from .target import load_target_config, target_dtype, target_folder
 
 # %% auto #0
 __all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
-           'full_draft_state', 'full_optimizer_state', 'load_optimizer_state']
+           'full_draft_state', 'full_optimizer_state', 'load_optimizer_state', 'Parallel']
 
 # %% ../nbs/18_shard.ipynb #bc9d1b78
 def shard_target(target):
@@ -169,3 +169,31 @@ def load_optimizer_state(model, optimizer, state: dict, is_main: bool, sharded: 
     by_name = {"state": {names[i]: s for i, s in state["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name if is_main else {}, options=_state_dict_options(broadcast_from_rank0=True))
+
+# %% ../nbs/18_shard.ipynb #09be1d0c
+class Parallel:
+    "How a run spreads its draft and target over the ranks, and the calls that differ between DDP and a sharded draft."
+    def __init__(self, acc, shard_draft: bool = False, shard_target: bool = False):
+        check_sharding(shard_draft, acc)
+        self.acc = acc
+        self.sharded_draft = bool(shard_draft) and acc.num_processes > 1    # then the draft's forward is collective
+        self.sharded_target = bool(shard_target) and acc.num_processes > 1  # then the target's forward is collective
+
+    @property
+    def collective_forward(self) -> bool:
+        "Whether a forward must run on every rank at once (validation then steps all ranks together)."
+        return self.sharded_draft or self.sharded_target
+
+    def shard_draft(self, trainer, layers): shard_draft(trainer, layers, self.acc)
+    def shard_target(self, target): return shard_target(target) if self.sharded_target else target
+    def load_target(self, path, device, trust_remote_code: bool = False):
+        "The target on `device`; sharded, each rank reads only the rows it keeps (`load_sharded_target`)."
+        load = load_sharded_target if self.sharded_target else load_target
+        return load(path, device=device, trust_remote_code=trust_remote_code)
+    def no_sync(self, model, skip: bool): return no_sync(model, self.acc, self.sharded_draft, skip)
+    def clip_grad_norm(self, model, max_norm: float): return clip_grad_norm(model, self.acc, max_norm, self.sharded_draft)
+    def full_draft_state(self, model): return full_draft_state(model, self.acc.is_main_process, self.sharded_draft)
+    def full_optimizer_state(self, model, optimizer):
+        return full_optimizer_state(model, optimizer, self.acc.is_main_process, self.sharded_draft)
+    def load_optimizer_state(self, model, optimizer, state: dict):
+        return load_optimizer_state(model, optimizer, state, self.acc.is_main_process, self.sharded_draft)

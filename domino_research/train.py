@@ -17,18 +17,16 @@ from fastcore.basics import patch
 from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
 
 from .config import ConfigError, DFlashConfig
-from .files import NoSpaceError
+from .files import NoSpaceError, write_json
 from .train_config import (DFlashTrainConfig, DominoTrainConfig, data_cache_dir, load_train_config,
                                           parse_train_args, shipped_configs)
 from .progress import Phase, hf_bars_off, progress_bar
-from .blocks import NoValidAnchorsError, sample_anchors
-from .draft import DFlashDraftModel, draft_qwen3_config
-from .domino import DFlashTrainer, DominoTrainer
+from .blocks import NoValidAnchorsError
 from .train_config import Eagle3TrainConfig
-from .eagle3 import Eagle3DraftModel, Eagle3Trainer, eagle3_qwen3_config, ttt_targets
+from .build import build_draft, build_draft_config, build_trainer
 from .reduce import MetricSums, reduce_tensor, reduce_values, to_host
-from .target import (capture_features, check_target_path, load_target, load_target_config, load_tokenizer,
-                                    target_embed, target_lm_head)
+from .target import (capture_features, check_target_path, load_target_config,
+                                    load_tokenizer)
 from .embedded import resolve_data_path, resolve_target_path
 from .evaluation import decode_eval, print_summary, load_prompts
 from .plots import plot_training
@@ -42,9 +40,7 @@ from .lifecycle import (RunInterrupted, save_draft, fault_point, is_inside, rng_
                                        check_wandb, claim_run_dir, draft_contract, interrupted_at, list_checkpoints,
                                        load_resume_state, read_metrics, restore_rng, resume_position, save_checkpoint,
                                        set_aside, settle_run_dir, trim_metrics, write_run_config)
-from .files import write_json
-from .shard import (check_sharding, clip_grad_norm, full_draft_state, full_optimizer_state, load_optimizer_state,
-                                   load_sharded_target, no_sync, shard_draft)
+from .shard import Parallel
 
 # %% auto #0
 __all__ = ['RECIPES', 'NonFiniteLossError', 'adamw_kernel', 'TrainDFlashRecipe', 'TrainDominoRecipe', 'TrainEagle3Recipe', 'main',
@@ -60,9 +56,11 @@ def adamw_kernel(device) -> dict:
 
 # %% ../nbs/34_train.ipynb #1182dc09
 class TrainDFlashRecipe:
-    """The DFlash recipe: `setup()` builds everything, `run()` trains. A recipe is its config class and its trainer
-    class (notebook 05), which declares what differs between DFlash and Domino: metric names, λ, labels and weights."""
-    config_class, trainer_class = DFlashTrainConfig, DFlashTrainer
+    """The DFlash recipe: `setup()` builds everything, `run()` trains. A recipe is its config class; its draft and trainer
+    module are built from the config (notebook 21), and the trainer (notebook 05) declares what differs between DFlash
+    and Domino: metric names, λ, anchors, labels and weights."""
+    config_class = DFlashTrainConfig
+    parallel_class = Parallel      # DDP or FSDP2 for the draft, FSDP2 or whole for the target (notebook 18)
 
     def __init__(self, cfg: DFlashTrainConfig):
         if not isinstance(cfg, self.config_class):
@@ -81,7 +79,7 @@ class TrainDFlashRecipe:
                 InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.dist_timeout_minutes)),
             ],
         )
-        self._check_sharding()
+        self.parallel = self.parallel_class(self.accelerator, cfg.shard_draft, cfg.shard_target)   # refuses a wrapping launch
         self._claim_run_dir()
         if cfg.wandb_project and self.accelerator.is_main_process: check_wandb()
         set_seed(cfg.seed)
@@ -100,18 +98,19 @@ class TrainDFlashRecipe:
         if cfg.packing:                                     # the target must keep packed conversations apart
             check_target_separates_documents(self.target, self.dflash.target_layer_ids, stop_early=not cfg.shard_target)
         self.draft = self._build_draft()
+        self.total_steps = self._count_total_steps()        # before the trainer: λ's curriculum is a function of it
         self.trainer = self._build_trainer_module()
-        if self._sharded_draft(): self._shard_draft()       # before the optimiser, which must hold the sharded parameters
+        if self.parallel.sharded_draft:                     # before the optimiser, which must hold the sharded parameters
+            self.parallel.shard_draft(self.trainer, self.draft.layers)
         self.optimizer = torch.optim.AdamW(self.trainer.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                            betas=(cfg.adam_beta1, cfg.adam_beta2), **adamw_kernel(self.accelerator.device))
-        self.total_steps = self._count_total_steps()
-        if self.accelerator.is_main_process: print(format_memory(estimate_memory(self)), flush=True)
+        if self.accelerator.is_main_process: print(format_memory(self._estimate_memory()), flush=True)
         # not accelerator.prepare'd: accelerate steps a prepared scheduler once per process, which would change the
         # LR trajectory with the number of ranks.
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=int(cfg.warmup_ratio * self.total_steps),
             num_training_steps=self.total_steps, min_lr_rate=cfg.min_lr_ratio)
-        if not self._sharded_draft():                       # FSDP2 reduces a sharded draft's gradients: no DDP wrapper
+        if not self.parallel.sharded_draft:                       # FSDP2 reduces a sharded draft's gradients: no DDP wrapper
             self.trainer, self.optimizer = self.accelerator.prepare(self.trainer, self.optimizer)
         self.generator = torch.Generator().manual_seed(cfg.seed * 1_000 + self.accelerator.process_index)
         return self
@@ -133,11 +132,8 @@ def _claim_run_dir(self: TrainDFlashRecipe):
 # %% ../nbs/34_train.ipynb #d60f9a2a
 @patch
 def _build_dflash_config(self: TrainDFlashRecipe) -> DFlashConfig:
-    cfg, tc = self.cfg, self.target_config
-    d = DFlashConfig(mask_token_id=cfg.mask_token_id, block_size=cfg.block_size, target_layer_ids=cfg.target_layer_ids,
-                     shift_label=cfg.shift_label)
-    return d.resolve_layers(tc.num_hidden_layers, cfg.draft_num_hidden_layers).validate(
-        vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
+    "Hook: the draft's block and layer contract, from the config and the target's config (notebook 21)."
+    return build_draft_config(self.cfg, self.target_config)
 
 # %% ../nbs/34_train.ipynb #36bed215
 @patch
@@ -204,41 +200,22 @@ def _pack_datasets(self: TrainDFlashRecipe):
 @patch
 def _load_target(self: TrainDFlashRecipe):
     # sharded: each rank reads only the rows of the decoder layers it keeps (FSDP2, notebook 18)
-    load = load_sharded_target if self._sharded_target() else load_target
-    target = load(self.target_path, device=self.accelerator.device, trust_remote_code=self.cfg.trust_remote_code)
+    target = self.parallel.load_target(self.target_path, self.accelerator.device, self.cfg.trust_remote_code)
     self.target_fingerprint = target_fingerprint(target)   # for the draft's model card; sharded: gathered weight by weight
     return target
-
-# %% ../nbs/34_train.ipynb #0fabdd5c
-@patch
-def _sharded_target(self: TrainDFlashRecipe) -> bool:
-    "Whether the target is sharded: then its forward is collective, and every rank must run each one."
-    return self.cfg.shard_target and self.accelerator.num_processes > 1
 
 # %% ../nbs/34_train.ipynb #a39aef1f
 @patch
 def _build_draft(self: TrainDFlashRecipe):
-    if self.resume_state is not None:
-        draft = DFlashDraftModel.from_pretrained(
-            self.resume_state["path"] / "draft", attn_implementation=self.cfg.attention_backend
-        )
-    else:
-        draft = DFlashDraftModel(draft_qwen3_config(self.target_config, self.dflash, self.cfg.draft_num_hidden_layers,
-                                                    self.cfg.draft_intermediate_size, self.cfg.attention_backend))
-    if self.cfg.gradient_checkpointing:       # HF's layer-level checkpointing (non-reentrant: works under DDP and no_sync)
-        draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return draft.to(self.accelerator.device)
-
-# %% ../nbs/34_train.ipynb #0e9a8910
-@patch
-def _trainer_kwargs(self: TrainDFlashRecipe) -> dict:
-    return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
-                num_anchors=self.cfg.num_anchors, loss_decay_gamma=self.cfg.loss_decay_gamma)
+    "The draft (notebook 21): fresh, or the resumed checkpoint's; on this process's device."
+    path = None if self.resume_state is None else self.resume_state["path"] / "draft"
+    return build_draft(self.cfg, self.target_config, path).to(self.accelerator.device)
 
 # %% ../nbs/34_train.ipynb #98d92c65
 @patch
 def _build_trainer_module(self: TrainDFlashRecipe):
-    return self.trainer_class(self.draft, **self._trainer_kwargs())
+    "Hook: the trainer module around the draft (notebook 21), its λ schedule over this run's `total_steps`."
+    return build_trainer(self.cfg, self.draft, self.target, self.total_steps)
 
 # %% ../nbs/34_train.ipynb #0ad9ec02
 @patch
@@ -254,33 +231,13 @@ def _count_total_steps(self: TrainDFlashRecipe) -> int:
     steps = math.ceil(micro / cfg.grad_accumulation_steps) * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps else steps
 
-# %% ../nbs/34_train.ipynb #5a1d0c3f
-@patch
-def _sharded_draft(self: TrainDFlashRecipe) -> bool:
-    "Whether the draft is sharded: then its forward is collective, and every rank must run each one."
-    return self.cfg.shard_draft and self.accelerator.num_processes > 1
-
-# %% ../nbs/34_train.ipynb #edc8db89
-@patch
-def _check_sharding(self: TrainDFlashRecipe): check_sharding(self.cfg.shard_draft, self.accelerator)
-
-# %% ../nbs/34_train.ipynb #5c2a395f
-@patch
-def _shard_draft(self: TrainDFlashRecipe): shard_draft(self.trainer, self.draft.layers, self.accelerator)
-
-# %% ../nbs/34_train.ipynb #c280cf0f
-@patch
-def _no_sync(self: TrainDFlashRecipe, skip: bool): return no_sync(self.trainer, self.accelerator, self._sharded_draft(), skip)
-
-# %% ../nbs/34_train.ipynb #ec07599b
-@patch
-def _clip_grad_norm(self: TrainDFlashRecipe) -> torch.Tensor:
-    return clip_grad_norm(self.trainer, self.accelerator, self.cfg.max_grad_norm, self._sharded_draft())
-
 # %% ../nbs/34_train.ipynb #4979198b
 @patch
-def _full_draft_state(self: TrainDFlashRecipe) -> Optional[dict]:
-    return full_draft_state(self.trainer, self.accelerator.is_main_process, self._sharded_draft())
+def _estimate_memory(self: TrainDFlashRecipe) -> dict | None:
+    "GPU memory per rank at steady state, estimated from the built parts (notebook 22); None where no formula applies."
+    ddp = getattr(self.accelerator, "ddp_handler", None)   # DDP's buckets are the gradients themselves with this flag
+    return estimate_memory(self.cfg, self.target, self.draft, self.accelerator.num_processes,
+                           gradient_as_bucket_view=bool(getattr(ddp, "gradient_as_bucket_view", False)))
 
 # %% ../nbs/34_train.ipynb #953e54f4
 @patch
@@ -343,39 +300,22 @@ def _target_mask(self: TrainDFlashRecipe, batch) -> tuple:
 @patch
 def _prepare_on_host(self: TrainDFlashRecipe, batch: dict) -> Optional[torch.Tensor]:
     """What a micro-batch needs besides the forward, made on the host batch before it goes to the device (reading it there
-    is free): its layout, anchors and targets. Returns its Σw, or None when it has no anchor."""
+    is free): its layout, then the trainer's anchors and targets (notebook 05). Returns its Σw, or None when it has no
+    block."""
     batch["layout"] = _layout(batch)
-    return self._add_targets(batch) if self._add_anchors(batch, self.generator) else None
+    return self._bare_trainer().prepare_batch(batch, self.generator)
 
 def _layout(batch: dict) -> str:
     "On the host: `full` (unpacked rows without padding, or packed ones of one conversation each), `padded` or `packed`."
     if "position_ids" in batch: return "packed" if bool((batch["position_ids"][:, 1:] == 0).any()) else "full"
     return "padded" if bool((batch["attention_mask"] == 0).any()) else "full"
 
-# %% ../nbs/34_train.ipynb #b48b3d5f
-@patch
-def _add_anchors(self: TrainDFlashRecipe, batch, generator) -> bool:
-    "Sample the micro-batch's anchors into it; False if it has no anchor candidate at all."
-    try: batch["anchor_positions"], batch["block_keep"] = sample_anchors(
-            batch["loss_mask"], self.dflash.block_size, self.cfg.num_anchors, generator=generator,
-            position_ids=batch.get("position_ids"))
-    except NoValidAnchorsError: return False
-    return True
-
-# %% ../nbs/34_train.ipynb #a01f56b3
-@patch
-def _add_targets(self: TrainDFlashRecipe, batch) -> torch.Tensor:
-    """The trainer's labels, valid slots and loss weights of the micro-batch's blocks, into it (the forward uses them);
-    returns their Σw, known before the forward so the window can be normalised up front. Called on the host batch."""
-    batch["targets"] = self._bare_trainer().block_targets(batch["input_ids"], batch["loss_mask"], batch["anchor_positions"],
-                                                          batch["block_keep"], batch.get("position_ids"))
-    return batch["targets"].weights.sum().double()   # 0-dim, where the batch is; float64 like the window scale
-
 # %% ../nbs/34_train.ipynb #5346aaeb
 @patch
 def _run_trainer_step(self: TrainDFlashRecipe, batch, features, model=None, lam: float = 1.0) -> dict:
-    """Hook: the trainer's forward on a micro-batch, with the labels and weights `_add_targets` put into it and the base
-    loss's weight `lam` (DFlash trains the base loss alone; the Domino recipe passes its curriculum's λ)."""
+    """Hook: the trainer's forward on a micro-batch, with the anchors, labels and weights the trainer's `prepare_batch`
+    put into it and the base loss's weight `lam` (DFlash trains the base loss alone; the Domino recipe passes its
+    curriculum's λ)."""
     model = model if model is not None else self.trainer
     return model(batch["input_ids"], batch["loss_mask"], features, anchor_positions=batch["anchor_positions"],
                  block_keep=batch["block_keep"], lambda_base=lam, position_ids=batch.get("position_ids"),
@@ -413,16 +353,20 @@ def validate(self: TrainDFlashRecipe) -> dict:
     names = dict.fromkeys([*trainer.eval_metrics, *self._empty_extra_eval_metric_sums()])     # every rank, the same names
     sums = MetricSums(names, device=acc.device)   # zeros even on a rank with no batch; no host sync per batch
     order = epoch_order(len(self.eval_set), self.cfg.seed, 0, acc.process_index, acc.num_processes, 1, pad=False)
-    sharded, collective = self._sharded_target(), self._sharded_target() or self._sharded_draft()
+    sharded, collective = self.parallel.sharded_target, self.parallel.collective_forward
     steps = int(-reduce_values([-len(order)], "min", acc)[0]) if collective else len(order)   # the most any rank has
     phase = Phase("validation", total=steps, unit="batch", show=acc.is_main_process)     # rank 0 draws for all
     for k in range(steps):
         mine = k < len(order)
         rows = order[k] if mine else [0]           # a rank out of rows still joins the sharded target's forward, on row 0
-        batch = self._collate(self.eval_set, rows)
+        batch = collate_chat([self.eval_set[i] for i in rows], self.tokenizer.pad_token_id)
+        # anchors seeded by the row and sampled on the host, before the copy: no wait for the GPU
+        gen = torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])
+        has_block = mine and trainer.prepare_batch(batch, gen) is not None
+        batch = self._to_device(batch)
         feats = self._features(batch) if sharded else None                     # collective when sharded: every rank, every k
-        if not mine or not self._add_anchors(batch, torch.Generator().manual_seed(self.cfg.seed * 7_919 + rows[0])):
-            if self._sharded_draft():                # join the draft's collective forward on a stand-in block, then drop it
+        if not has_block:
+            if self.parallel.sharded_draft:        # join the draft's collective forward on a stand-in block, then drop it
                 self._run_trainer_step(idle_blocks(batch), feats if sharded else self._features(batch), model=trainer)
         else:
             out = self._run_trainer_step(batch, feats if sharded else self._features(batch), model=trainer)
@@ -474,7 +418,7 @@ def _window_batches(self: TrainDFlashRecipe, window: list[dict]) -> tuple[list[d
 @patch
 def _micro_step(self: TrainDFlashRecipe, batch: dict, scale: torch.Tensor, sync: bool) -> dict:
     "Features, the trainer step and its backward, the loss scaled by `scale`; gradients sync only when `sync`."
-    with self._no_sync(skip=not sync):                 # gradients sync once per window
+    with self.parallel.no_sync(self.trainer, skip=not sync):                 # gradients sync once per window
         out = self._run_trainer_step(batch, self._features(batch))
         self.accelerator.backward(out["loss"] * scale.to(out["loss"].dtype))   # scale in float64, applied in the loss dtype
     return out
@@ -485,7 +429,7 @@ def _finish_window(self: TrainDFlashRecipe, finite: list, sums: MetricSums, step
     """Clip; then, in one copy to the host, whether every micro-batch's loss was finite on every rank, the window's metric
     sums and the gradient norm; then step (or stop, or skip: no update either way). Clipping first is harmless: a
     non-finite window's gradients are dropped."""
-    grad_norm = self._clip_grad_norm()
+    grad_norm = self.parallel.clip_grad_norm(self.trainer, self.cfg.max_grad_norm)
     bad = reduce_tensor([~f for f in finite], "sum", self.accelerator)      # ranks with a non-finite loss, per micro-batch
     bad, totals, (norm,) = to_host(bad, sums.sums, grad_norm)               # the window's second and last wait
     if any(bad): return self._skip_nonfinite(bad, step)
@@ -627,7 +571,7 @@ def _finish(self: TrainDFlashRecipe, run_dir: Path, metrics_file: Path, step: in
     self._log(metrics_file, {**final, "epoch": epoch, "final": True}, step)   # `_restore` drops it: one final row per step
     self.stage = f"saving checkpoint step-{step}"
     self._save(run_dir, step, epoch, position)
-    draft_state = self._full_draft_state()             # collective when the draft is sharded
+    draft_state = self.parallel.full_draft_state(self.trainer)     # collective when the draft is sharded
     self.stage = f"exporting the draft to {run_dir / 'draft'}"
     if acc.is_main_process:
         save_draft(self._bare_trainer().draft, run_dir / "draft", draft_state)
@@ -645,11 +589,11 @@ def _log(self: TrainDFlashRecipe, metrics_file, stats: dict, step: int):
 # %% ../nbs/34_train.ipynb #cd4f8b16
 @patch
 def _save(self: TrainDFlashRecipe, run_dir, step, epoch, position):
-    acc, sharded = self.accelerator, self._sharded_draft()
+    acc = self.accelerator
     if step == getattr(self, "saved_step", None): return   # resumed at the end: that checkpoint is this one
     rng = gather_object([rng_state(self.generator)])   # every rank's RNG, so each resumes its own stream
-    draft_state = self._full_draft_state()               # collective when sharded, like the optimiser's
-    optim_state = full_optimizer_state(self.trainer, self.optimizer, acc.is_main_process, sharded)
+    draft_state = self.parallel.full_draft_state(self.trainer)           # collective when sharded, like the optimiser's
+    optim_state = self.parallel.full_optimizer_state(self.trainer, self.optimizer)
     self._check_finite_weights(draft_state, step)         # a finite loss can still step the weights to inf
     if acc.is_main_process:
         loop = {"step": step, "epoch": epoch, "position": position, "world_size": acc.num_processes,
@@ -679,7 +623,7 @@ def _check_finite_weights(self: TrainDFlashRecipe, draft_state, step: int):
 @patch
 def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
     s, acc, loop = self.resume_state, self.accelerator, self.resume_state["loop"]
-    load_optimizer_state(self.trainer, self.optimizer, s["optimizer"], acc.is_main_process, self._sharded_draft())
+    self.parallel.load_optimizer_state(self.trainer, self.optimizer, s["optimizer"])
     self.scheduler.load_state_dict(s["scheduler"])
     restore_rng(s["rng"], acc.process_index, self.generator)   # each rank its own streams; a new rank a fresh anchor stream
     step = self.saved_step = loop["step"]
@@ -694,18 +638,17 @@ def _restore(self: TrainDFlashRecipe, metrics_file) -> tuple[int, int, int]:
 class TrainDominoRecipe(TrainDFlashRecipe):
     """The DFlash recipe with the Domino head. Each hook is Automodel's `train_domino` one and delegates to the Domino
     trainer (notebook 05), which holds the head, the dual loss, λ's schedule and the head's metrics."""
-    config_class, trainer_class = DominoTrainConfig, DominoTrainer
+    config_class = DominoTrainConfig
 
     def setup(self):
-        "The DFlash setup, then λ's schedule over this run's optimiser steps (the config's start and decay)."
+        "The DFlash setup, then λ's schedule over this run's optimiser steps: the trainer's, set when it was built."
         super().setup()
-        trainer = self._bare_trainer()
-        self.lambda_at = lambda step: trainer.lambda_base(step, self.total_steps, self.cfg)
+        self.lambda_at = self._bare_trainer().lambda_at
         return self
 
     def _build_trainer_module(self):
-        "The Domino trainer: the draft with its head, and the dual loss λ·base + (1 − λ)·final."
-        return DominoTrainer(self.draft, **self._trainer_kwargs())
+        "The Domino trainer (notebook 21): the draft with its head, the dual loss λ·base + (1 − λ)·final, λ's curriculum."
+        return build_trainer(self.cfg, self.draft, self.target, self.total_steps)
 
     def _run_trainer_step(self, batch, features, model=None, lam: float = 1.0) -> dict:
         "The trainer's forward with λ after the optimiser steps completed so far (the scheduler counts them)."
@@ -728,22 +671,19 @@ class TrainDominoRecipe(TrainDFlashRecipe):
         return self._bare_trainer().window_metrics(stats)
 
     def _build_dflash_config(self) -> DFlashConfig:
-        c = self.cfg
-        d = super()._build_dflash_config()
-        return dataclasses.replace(d, projector_type="domino", emb_dim=c.emb_dim, gru_hidden_dim=c.gru_hidden_dim,
-                                   pure_draft_prefix_len=c.pure_draft_prefix_len).validate(
-            vocab_size=self.target_config.vocab_size, num_target_layers=self.target_config.num_hidden_layers)
+        "The draft config with the head's fields: projector `domino`, E, G and the pure-draft prefix (notebook 21)."
+        return build_draft_config(self.cfg, self.target_config)
 
 # %% ../nbs/34_train.ipynb #2b9c215f
 @patch
 def describe_draft(self: TrainDFlashRecipe):
     "The model card and self-description of the run's exported draft (notebook 31), written after training."
-    return describe_run_draft(self.cfg, self)
+    return describe_run_draft(self.cfg, self.tokenizer, getattr(self, "target_fingerprint", None))
 
 # %% ../nbs/34_train.ipynb #fd52aa00
 class TrainEagle3Recipe(TrainDFlashRecipe):
     "The recipe with the EAGLE-3 draft and its training-time-test trainer (notebook 20); the loop is DFlash's."
-    config_class, trainer_class = Eagle3TrainConfig, Eagle3Trainer
+    config_class = Eagle3TrainConfig
 
     def __init__(self, cfg: Eagle3TrainConfig):
         super().__init__(cfg)
@@ -759,31 +699,9 @@ class TrainEagle3Recipe(TrainDFlashRecipe):
             raise ConfigError("n_eval_prompts: the decoding evaluation after training reads DFlash/Domino drafts only; set "
                               "n_eval_prompts: 0 and decode the EAGLE-3 draft with decode.eagle3_generate (notebook 30)")
 
-    def _build_dflash_config(self) -> DFlashConfig:
-        "The block and layer contract: EAGLE-3's three layers (checked now, before any weights load) and the verify block."
-        c, tc = self.cfg, self.target_config
-        ids = eagle3_qwen3_config(tc, c.target_layer_ids, c.block_size).eagle_config["eagle_aux_hidden_state_layer_ids"]
-        return DFlashConfig(mask_token_id=c.mask_token_id, block_size=c.block_size, target_layer_ids=ids).validate(
-            vocab_size=tc.vocab_size, num_target_layers=tc.num_hidden_layers)
-
     def _load_resume_state(self) -> Optional[dict]:
         self.contract = {**self.contract, "draft": "eagle3"}
         return super()._load_resume_state()
-
-    def _build_draft(self):
-        if self.resume_state is not None: draft = Eagle3DraftModel.from_pretrained(self.resume_state["path"] / "draft")
-        else: draft = Eagle3DraftModel(eagle3_qwen3_config(self.target_config, self.dflash.target_layer_ids,
-                                                           self.cfg.block_size, self.cfg.draft_intermediate_size))
-        return draft.to(self.accelerator.device)
-
-    def _trainer_kwargs(self) -> dict:
-        return dict(target_embed=target_embed(self.target), target_lm_head=target_lm_head(self.target),
-                    ttt_steps=self.cfg.ttt_steps, ttt_loss_decay=self.cfg.ttt_loss_decay)
-
-    def _add_anchors(self, batch, generator) -> bool:
-        "No anchors: every position trains. False if the micro-batch has no label to predict at all."
-        batch["anchor_positions"] = batch["block_keep"] = None
-        return bool(ttt_targets(batch["input_ids"], batch["loss_mask"], 1, 1.0, batch.get("position_ids"))[1].any())
 
     def describe_draft(self):
         "The run's draft exported beside it as SGLang and SpecForge load it (`served/`, notebook 31), with its model card."

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from domino_research.shard import shard_draft
+from domino_research.shard import Parallel, shard_draft
 from domino_research.train import TrainDominoRecipe, load_train_config
 
 
@@ -43,15 +43,28 @@ def resident(module) -> int:
     return storage_bytes([*module.parameters(), *fsdp_held(module)])
 
 
+class MeasuredParallel(Parallel):
+    "The recipe's parallelism helper, recording what the draft holds and (`force_bf16`) sharding with bf16 compute."
+    recipe = None
+
+    def shard_draft(self, trainer, layers):
+        r = self.recipe
+        if not r.force_bf16: return super().shard_draft(trainer, layers)
+        bf16 = SimpleNamespace(mixed_precision="bf16", autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        shard_draft(trainer, layers, bf16)
+        def record(mlp, args): r.bytes.setdefault("compute_dtype", str(mlp.down_proj.weight.dtype))   # returns None
+        r.draft.layers[0].mlp.register_forward_pre_hook(record)
+
+    def clip_grad_norm(self, model, max_norm):
+        self.recipe.bytes.setdefault("draft_grads", storage_bytes(p.grad for p in model.parameters()))
+        return super().clip_grad_norm(model, max_norm)
+
+
 class Measured(TrainDominoRecipe):
     force_bf16 = False
 
-    def _shard_draft(self):
-        if not self.force_bf16: return super()._shard_draft()
-        bf16 = SimpleNamespace(mixed_precision="bf16", autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-        shard_draft(self.trainer, self.draft.layers, bf16)
-        def record(mlp, args): self.bytes.setdefault("compute_dtype", str(mlp.down_proj.weight.dtype))   # returns None
-        self.draft.layers[0].mlp.register_forward_pre_hook(record)
+    @property
+    def parallel_class(self): return type("Parallel", (MeasuredParallel,), {"recipe": self})
 
     def _load_target(self):
         with warnings.catch_warnings(record=True) as caught:     # the whole-then-shard fallback warns: it must not happen
@@ -65,10 +78,6 @@ class Measured(TrainDominoRecipe):
         feats = super()._features(batch)
         self.bytes.setdefault("target_after_forward", resident(self.target))
         return feats
-
-    def _clip_grad_norm(self):
-        self.bytes.setdefault("draft_grads", storage_bytes(p.grad for p in self.trainer.parameters()))
-        return super()._clip_grad_norm()
 
     def _train_window(self, window, step):
         stats = super()._train_window(window, step)

@@ -62,7 +62,8 @@ def test_cli_trains_checkpoints_and_resumes_bitwise(base, tmp_path, monkeypatch)
     for k in a: assert torch.equal(a[k], b[k]), k
 
     from domino_research import train                         # the fault: the resumed run forgets AdamW's moments
-    monkeypatch.setattr(train, "load_optimizer_state", lambda *args, **kw: None)
+    from domino_research.shard import Parallel
+    monkeypatch.setattr(Parallel, "load_optimizer_state", lambda *args, **kw: None)
     fresh = _cut_after_step_2(straight, "fresh_adam")
     train.main(cfg, run_name="fresh_adam", resume="latest")
     c = _weights(fresh)

@@ -115,3 +115,44 @@ def test_target_mask_built_on_the_device_equals_transformers_own():
         if mask is not None:                                         # the faults: padding, or the boundary, ignored
             causal = torch.ones(20, 20, dtype=torch.bool).tril().expand_as(mask)
             assert not torch.equal(capture_features(target, ids, [1, 5], causal, position_ids=positions), ref), layout
+
+
+def _validation_syncs(tmp_path, drop_targets=False) -> tuple[HostSyncs, int]:
+    """Host syncs of a validation pass, counting neither collation nor the trainer's preparation of a batch (both work on
+    host tensors, before the copy); asserts that preparation never sees a batch already on the device. `drop_targets`:
+    the fault, a batch whose targets are left for the forward to rebuild on the device."""
+    import domino_research.train as train
+    cfg = load_train_config("embedded_domino", run_name="vsyncs", output_dir=str(tmp_path / "runs"), n_eval_prompts=0,
+                            data_cache_dir=str(tmp_path / "cache"), max_train_samples=16, max_eval_samples=3)
+    r = RECIPES[cfg.recipe](cfg).setup()
+    trainer, hs, moved = r._bare_trainer(), HostSyncs(), set()
+    to_device, prepare, collate = r._to_device, trainer.prepare_batch, train.collate_chat
+    def tracked_to_device(b):
+        out = to_device(b)
+        moved.add(id(out))
+        return out
+    def host_prepare(b, generator):
+        assert id(b) not in moved, "validation prepared a batch already on the device"
+        with hs.paused(): w = prepare(b, generator)
+        if drop_targets: b.pop("targets", None)
+        return w
+    def host_collate(*a, **k):
+        with hs.paused(): return collate(*a, **k)
+    try:
+        with unittest.mock.patch.object(r, "_to_device", tracked_to_device), \
+                unittest.mock.patch.object(trainer, "prepare_batch", host_prepare), \
+                unittest.mock.patch.object(train, "collate_chat", host_collate), hs:
+            r.validate()
+        return hs, len(r.eval_set)
+    finally: r.close()
+
+
+def test_validation_samples_its_anchors_on_the_host(tmp_path):
+    """Validation prepares each batch (anchors, targets) on the host before its copy, like training: its forwards then
+    wait for nothing in the trainer. Before this change each validation batch sampled and checked its anchors on the
+    device (2-4 waits per batch); the fault below, targets rebuilt by the forward, brings such waits back."""
+    hs, rows = _validation_syncs(tmp_path)
+    in_trainer = [w for w in hs.where if w.split(" @ ")[1].startswith(("domino.py", "blocks.py", "loss.py"))]
+    assert not in_trainer, hs.where
+    faulty, _ = _validation_syncs(tmp_path / "fault", drop_targets=True)
+    assert faulty.n >= hs.n + rows, (faulty.where, hs.where)

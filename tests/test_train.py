@@ -200,12 +200,16 @@ def test_grad_accumulation_equals_big_batch(tiny, tmp_path):
     "4 micro-batches of 1 accumulated == 1 micro-batch of 4, same samples and anchors (fp32)."
     from domino_research.train import load_train_config, TrainDominoRecipe
 
+    def fixed_blocks(batch, generator):         # the same per-row anchors however rows are batched
+        first = batch["loss_mask"].argmax(1)    # first supervised token of each row (padding cannot move it)
+        a = torch.stack([first, first + 3, first + 7], 1)
+        return a, torch.ones_like(a, dtype=torch.bool)
+
     class FixedAnchors(TrainDominoRecipe):
-        def _add_anchors(self, batch, generator):  # the same per-row anchors however rows are batched
-            first = batch["loss_mask"].argmax(1)    # first supervised token of each row (padding cannot move it)
-            a = torch.stack([first, first + 3, first + 7], 1)
-            batch["anchor_positions"], batch["block_keep"] = a, torch.ones_like(a, dtype=torch.bool)
-            return True
+        def _build_trainer_module(self):        # the trainer samples its batches' blocks: here, fixed ones
+            trainer = super()._build_trainer_module()
+            trainer.sample_blocks = fixed_blocks
+            return trainer
 
     grads = {}
     for name, mbs, ga in (("acc", 1, 4), ("big", 4, 1)):
@@ -505,3 +509,45 @@ def test_each_recipe_hook_changes_the_run(hook, tiny, tmp_path):
         train = [x for x in rows if "loss" in x]
         assert train and shows(recipe, train, recipe.validate()), (hook, train[-1])
     finally: recipe.close()
+
+
+# ------------------------------------------------------------------ one builder for what is trained and what is measured
+def _as_on_a_gpu():
+    "Shipped Qwen3-8B configs attend with flex_attention, which the loader refuses without CUDA: load them as a GPU would."
+    import unittest.mock
+    return unittest.mock.patch("domino_research.train_config._cuda", return_value=True)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "domino_research" / "configs").glob("*.yaml")))
+def test_memory_measures_the_draft_config_the_recipe_trains(name):
+    """For every shipped config, `bench memory` (notebook 22) measures the draft config the recipe builds for training:
+    both read the file with the one loader and build with notebook 21's `build_draft_config`."""
+    from domino_research.build import build_draft_config
+    from domino_research.memory import memory_run_config, memory_target_config
+    from domino_research.train import RECIPES, load_train_config
+    with _as_on_a_gpu(): cfg = load_train_config(name, train_data="chats.jsonl")   # the Qwen3-8B ones ship without data
+    recipe = RECIPES[cfg.recipe](cfg)
+    recipe.target_config = tc = memory_target_config(cfg.target)
+    measured = memory_run_config(name)
+    assert measured.recipe == cfg.recipe
+    assert build_draft_config(measured, tc) == recipe._build_dflash_config()
+
+
+def test_a_config_without_recipe_is_measured_as_it_trains(tmp_path):
+    """A YAML without `recipe:` trains as DFlash (notebook 09); memory measures it so. The fault it catches: the former
+    reader of memory, whose own default made such a file a Domino run (another draft config, another trainer)."""
+    import dataclasses
+    from domino_research.build import build_draft_config
+    from domino_research.memory import memory_run_config, memory_target_config
+    from domino_research.train import RECIPES, load_train_config
+    from domino_research.train_config import DominoTrainConfig
+    text = (REPO / "domino_research" / "configs" / "embedded_dflash.yaml").read_text()
+    path = tmp_path / "no_recipe.yaml"
+    path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("recipe:")))
+    cfg = load_train_config(path)
+    recipe = RECIPES[cfg.recipe](cfg)
+    recipe.target_config = tc = memory_target_config(cfg.target)
+    trained = recipe._build_dflash_config()
+    assert cfg.recipe == "dflash" and build_draft_config(memory_run_config(path), tc) == trained
+    as_domino = DominoTrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "recipe"})
+    assert build_draft_config(as_domino, tc) != trained            # the former default: a head the run never trains
