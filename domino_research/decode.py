@@ -506,6 +506,9 @@ class HybridDrafter:
     draft's otherwise. Context features of the steps the draft does not run are kept and handed to it at its next call."""
     def __init__(self, draft: DraftProposer, lookup: LookupDrafter, rule: str = HYBRID_DEFAULT_RULE):
         if rule not in HYBRID_RULES: raise ValueError(f"rule must be one of {', '.join(HYBRID_RULES)}, got {rule!r}")
+        if lookup.temperature != draft.temperature:
+            raise ValueError(f"the draft samples at temperature {draft.temperature}, lookup at "
+                             f"{lookup.temperature}: build both with the same temperature")
         self.draft, self.lookup, self.rule, self.passes = draft, lookup, rule, HYBRID_RULES[rule]
         self.block_size = max(draft.d.block_size, lookup.block_size)
         self.layer_ids = list(draft.d.target_layer_ids)

@@ -2,7 +2,7 @@
 
     python runs/lookup_sweep/sweep.py greedy     # plain greedy answers of the validation prompts  -> greedy.json
     python runs/lookup_sweep/sweep.py lookup     # every lookup setting, τ replayed on those answers -> results.json
-    python runs/lookup_sweep/sweep.py decode     # real decodes: lookup (both rules), Domino, the hybrid's rules, 3 seeds
+    python runs/lookup_sweep/sweep.py decode     # real decodes: lookup (both rules), Domino and the hybrid (see decode_all)
     python runs/lookup_sweep/sweep.py choose     # the chosen defaults                              -> results.json
 
 Every piece is resumable (results.json is rewritten after each decode) and runs on one thread, one process.
@@ -23,6 +23,7 @@ from domino_research.export import find_draft_dir, load_draft
 HERE = Path(__file__).parent
 STUDY = HERE.parent / "ablations" / "study28" / "steps2880" / "runs"
 N_PROMPTS, MAX_NEW, PROMPT_SEED, SEEDS = 64, 128, 0, (0, 1, 2)        # study 28's decode settings, its kept draft seeds
+RULE_SEED = 0                                                         # the draft seed every hybrid rule runs with
 GRID = dict(prompt_lookup_min=(1, 2, 3), prompt_lookup_max=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
             num_speculative_tokens=(3, 7, 11, 15), occurrence=("earliest", "latest"), self_extend=(False, True))
 MAX_K = 15      # proposals per step at most: the verify width of the drafts (block 16), so τ compares like with like
@@ -112,20 +113,34 @@ def best_lookup(results) -> dict:
     return max(results["lookup_sweep"]["rows"], key=lambda r: r["tau"])["settings"]
 
 
-def decode_all(target, tok, prompts, answers, results, only=None):
-    stops, runs = stop_token_ids(tok, target), results.setdefault("decodes", {})
-    tuned = best_lookup(results)
+def decode_all(target, tok, prompts, answers, results):
+    """Real decodes, each checked token for token against the greedy answers: lookup (the project's rule, the chosen
+    setting), Domino and the hybrid under every rule with the seed-0 draft, then Domino and the hybrid under the rule
+    chosen on seed 0 with the seed-1 and seed-2 drafts (every rule on every seed did not fit the time)."""
+    stops, tuned, drafts = stop_token_ids(tok, target), best_lookup(results), {}
+    results.setdefault("decodes", {})
+    def draft(seed):
+        if seed not in drafts:
+            d = load_draft(find_draft_dir(STUDY / "domino" / f"seed{seed}"), target_config=target.config)
+            drafts[seed] = d.to(dtype=next(target.parameters()).dtype).eval()
+        return drafts[seed]
+    def domino(seed): return lambda ids: speculative_generate(target, draft(seed), ids, MAX_NEW, stops)
+    def hybrid(seed, rule): return lambda ids: hybrid_generate(target, draft(seed), ids, MAX_NEW, stops, rule=rule, lookup=tuned)
     jobs = {"lookup_project": lambda ids: ngram_generate(target, ids, MAX_NEW, stops, **PROJECT_LOOKUP),
-            "lookup_tuned": lambda ids: ngram_generate(target, ids, MAX_NEW, stops, **tuned)}
-    for seed in SEEDS:
-        draft = load_draft(find_draft_dir(STUDY / "domino" / f"seed{seed}"), target_config=target.config)
-        draft = draft.to(dtype=next(target.parameters()).dtype).eval()
-        jobs[f"domino/seed{seed}"] = lambda ids, d=draft: speculative_generate(target, d, ids, MAX_NEW, stops)
-        for rule in HYBRID_RULES:
-            jobs[f"hybrid_{rule}/seed{seed}"] = lambda ids, d=draft, r=rule: hybrid_generate(
-                target, d, ids, MAX_NEW, stops, rule=r, lookup=tuned)
+            "lookup_tuned": lambda ids: ngram_generate(target, ids, MAX_NEW, stops, **tuned),
+            f"domino/seed{RULE_SEED}": domino(RULE_SEED)}
+    jobs |= {f"hybrid_{rule}/seed{RULE_SEED}": hybrid(RULE_SEED, rule) for rule in HYBRID_RULES}
+    run_jobs(jobs, prompts, answers, results)
+    rule = best_rule(results)
+    later = [s for s in SEEDS if s != RULE_SEED]
+    run_jobs({f"domino/seed{s}": domino(s) for s in later} | {f"hybrid_{rule}/seed{s}": hybrid(s, rule) for s in later},
+             prompts, answers, results)
+
+
+def run_jobs(jobs, prompts, answers, results):
+    runs = results["decodes"]
     for name, run in jobs.items():
-        if name in runs or (only and not name.startswith(only)): continue
+        if name in runs: continue
         steps = committed = 0
         chosen, lossless, t0 = dict(lookup=0, draft=0), True, time.perf_counter()
         for ids, ref in zip(prompts, answers):
@@ -135,23 +150,31 @@ def decode_all(target, tok, prompts, answers, results, only=None):
             for k, v in st.get("chosen", {}).items(): chosen[k] += v
         runs[name] = dict(tau=committed / steps, verify_steps=steps, committed=committed, lossless=lossless,
                           seconds=round(time.perf_counter() - t0, 1), **({"chosen": chosen} if "hybrid" in name else {}))
-        if name.startswith("lookup_"): runs[name]["settings"] = PROJECT_LOOKUP if name == "lookup_project" else tuned
+        if name.startswith("lookup_"):
+            runs[name]["settings"] = PROJECT_LOOKUP if name == "lookup_project" else best_lookup(results)
         print(name, runs[name], flush=True)
         save(HERE / "results.json", results)
 
 
+def best_rule(results) -> str:
+    "The hybrid rule of highest τ with the seed-`RULE_SEED` draft."
+    runs = results["decodes"]
+    return max(HYBRID_RULES, key=lambda r: runs[f"hybrid_{r}/seed{RULE_SEED}"]["tau"])
+
+
 def choose(results):
-    runs, mean = results["decodes"], lambda xs: sum(xs) / len(xs)
-    rules = {r: mean([runs[f"hybrid_{r}/seed{s}"]["tau"] for s in SEEDS]) for r in HYBRID_RULES}
-    results["chosen"] = dict(lookup=best_lookup(results), hybrid_rule=max(rules, key=rules.get),
-                             hybrid_tau_by_rule=rules,
-                             domino_tau=mean([runs[f"domino/seed{s}"]["tau"] for s in SEEDS]))
+    runs, mean, rule = results["decodes"], lambda xs: sum(xs) / len(xs), best_rule(results)
+    results["chosen"] = dict(
+        lookup=best_lookup(results), hybrid_rule=rule, rule_seed=RULE_SEED,
+        hybrid_tau_by_rule={r: runs[f"hybrid_{r}/seed{RULE_SEED}"]["tau"] for r in HYBRID_RULES},
+        tau_by_seed={name: [runs[f"{name}/seed{s}"]["tau"] for s in SEEDS] for name in ("domino", f"hybrid_{rule}")},
+        lookup_tau=dict(project=runs["lookup_project"]["tau"], tuned=runs["lookup_tuned"]["tau"]))
+    results["chosen"]["mean_tau"] = {k: mean(v) for k, v in results["chosen"]["tau_by_seed"].items()}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("piece", choices=("greedy", "lookup", "decode", "choose"))
-    p.add_argument("--only", default=None, help="decode: only the runs whose name starts with this")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     results = load(HERE / "results.json", dict(split="validation", n_prompts=N_PROMPTS, max_new_tokens=MAX_NEW,
@@ -166,7 +189,7 @@ def main(argv=None):
     if g is None or g["prompts"] != [p[0].tolist() for p in prompts]:
         sys.exit("sweep.py: run `python runs/lookup_sweep/sweep.py greedy` first (greedy.json is missing or stale)")
     if a.piece == "lookup": sweep_lookup(prompts, g["answers"], results)
-    else: return decode_all(target, tok, prompts, g["answers"], results, a.only)
+    else: return decode_all(target, tok, prompts, g["answers"], results)
     save(HERE / "results.json", results)
 
 
