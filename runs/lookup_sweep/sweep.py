@@ -3,6 +3,7 @@
     python runs/lookup_sweep/sweep.py greedy     # plain greedy answers of the validation prompts  -> greedy.json
     python runs/lookup_sweep/sweep.py lookup     # every lookup setting, τ replayed on those answers -> results.json
     python runs/lookup_sweep/sweep.py decode     # real decodes: lookup (both rules), Domino and the hybrid (see decode_all)
+    python runs/lookup_sweep/sweep.py decode --every_rule   # and every rule with every kept draft (a check of the choice)
     python runs/lookup_sweep/sweep.py choose     # the chosen defaults                              -> results.json
 
 Every piece is resumable (results.json is rewritten after each decode) and runs on one thread, one process.
@@ -113,7 +114,7 @@ def best_lookup(results) -> dict:
     return max(results["lookup_sweep"]["rows"], key=lambda r: r["tau"])["settings"]
 
 
-def decode_all(target, tok, prompts, answers, results):
+def decode_all(target, tok, prompts, answers, results, every_rule: bool = False):
     """Real decodes, each checked token for token against the greedy answers: lookup (the project's rule, the chosen
     setting), Domino and the hybrid under every rule with the seed-0 draft, then Domino and the hybrid under the rule
     chosen on seed 0 with the seed-1 and seed-2 drafts (every rule on every seed did not fit the time)."""
@@ -135,6 +136,8 @@ def decode_all(target, tok, prompts, answers, results):
     later = [s for s in SEEDS if s != RULE_SEED]
     run_jobs({f"domino/seed{s}": domino(s) for s in later} | {f"hybrid_{rule}/seed{s}": hybrid(s, rule) for s in later},
              prompts, answers, results)
+    if every_rule:                                           # the other rules on the other seeds: a check of the choice
+        run_jobs({f"hybrid_{r}/seed{s}": hybrid(s, r) for s in later for r in HYBRID_RULES}, prompts, answers, results)
 
 
 def run_jobs(jobs, prompts, answers, results):
@@ -170,11 +173,15 @@ def choose(results):
         tau_by_seed={name: [runs[f"{name}/seed{s}"]["tau"] for s in SEEDS] for name in ("domino", f"hybrid_{rule}")},
         lookup_tau=dict(project=runs["lookup_project"]["tau"], tuned=runs["lookup_tuned"]["tau"]))
     results["chosen"]["mean_tau"] = {k: mean(v) for k, v in results["chosen"]["tau_by_seed"].items()}
+    if all(f"hybrid_{r}/seed{s}" in runs for r in HYBRID_RULES for s in SEEDS):      # after `decode --every_rule`
+        results["chosen"]["mean_tau_by_rule"] = {r: mean([runs[f"hybrid_{r}/seed{s}"]["tau"] for s in SEEDS])
+                                                 for r in HYBRID_RULES}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("piece", choices=("greedy", "lookup", "decode", "choose"))
+    p.add_argument("--every_rule", action="store_true", help="decode: also every rule with the seed-1 and seed-2 drafts")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     results = load(HERE / "results.json", dict(split="validation", n_prompts=N_PROMPTS, max_new_tokens=MAX_NEW,
@@ -189,7 +196,7 @@ def main(argv=None):
     if g is None or g["prompts"] != [p[0].tolist() for p in prompts]:
         sys.exit("sweep.py: run `python runs/lookup_sweep/sweep.py greedy` first (greedy.json is missing or stale)")
     if a.piece == "lookup": sweep_lookup(prompts, g["answers"], results)
-    else: return decode_all(target, tok, prompts, g["answers"], results)
+    else: return decode_all(target, tok, prompts, g["answers"], results, a.every_rule)
     save(HERE / "results.json", results)
 
 
