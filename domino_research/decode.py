@@ -17,13 +17,15 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache',
+__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'LOOKUP_OCCURRENCES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS',
+           'HYBRID_DEFAULT_RULE', 'HYBRID_RULES', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache',
            'plain_generate', 'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled',
            'sample_generate', 'StepTimer', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class',
            'drafter_settings', 'build_drafter', 'drafter_generate', 'proposal_slots', 'draft_dflash_config',
            'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits',
            'DraftProposer', 'DraftSettings', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
-           'NgramProposer', 'LookupSettings', 'ngram_generate', 'check_eagle3_fits', 'Eagle3Proposer', 'Eagle3Settings',
+           'check_lookup_params', 'lookup_propose', 'one_hot_q', 'LookupDrafter', 'LookupSettings', 'ngram_generate',
+           'HybridDrafter', 'hybrid_generate', 'check_eagle3_fits', 'Eagle3Proposer', 'Eagle3Settings',
            'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate', 'same_acceptance']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
@@ -487,22 +489,80 @@ def ngram_propose(tokens, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3
             return seq[follow: follow + num_speculative_tokens].tolist()
     return []
 
-# %% ../nbs/30_decode.ipynb #a1c0e006
-class NgramProposer:
-    "Proposal function for `speculative_loop` by prompt lookup in the tokens so far (no model, no target features)."
-    def __init__(self, vocab_size: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
-                 temperature: float = 0.0, timer: StepTimer | None = None):
-        check_ngram_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+# %% ../nbs/30_decode.ipynb #27a4beac
+LOOKUP_OCCURRENCES = ("earliest", "latest")     # which earlier occurrence of the matched suffix to copy from
+
+def check_lookup_params(prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int,
+                        occurrence: str = "earliest", self_extend: bool = False):
+    "`check_ngram_params`, and a one-line ValueError unless `occurrence` is one of `LOOKUP_OCCURRENCES` and `self_extend` a bool."
+    check_ngram_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)
+    if occurrence not in LOOKUP_OCCURRENCES:
+        raise ValueError(f"occurrence must be one of {', '.join(LOOKUP_OCCURRENCES)}, got {occurrence!r}")
+    if not isinstance(self_extend, bool): raise ValueError(f"self_extend must be True or False, got {self_extend!r}")
+
+# %% ../nbs/30_decode.ipynb #46d396cf
+def lookup_propose(tokens, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, num_speculative_tokens: int = 15,
+                   occurrence: str = "earliest", self_extend: bool = False) -> tuple[list[int], int]:
+    """Prompt lookup with its settings: the longest suffix of `tokens` of length n in [min, max] that occurred earlier, at
+    its `occurrence` (earliest or latest); returns (the up to `num_speculative_tokens` tokens that followed it, n), ([], 0)
+    when nothing matches. `self_extend`: where the copy reaches the end of `tokens`, go on copying with the match's period."""
+    seq = np.asarray(tokens, dtype=np.int64)
+    L = len(seq)
+    for n in range(min(prompt_lookup_max, L - 1), prompt_lookup_min - 1, -1):       # longest first
+        grams = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)              # [L-n, n]: n-grams ending before the end
+        hits = np.flatnonzero((grams == seq[L - n:]).all(1))
+        if hits.size:
+            follow = int(hits[0] if occurrence == "earliest" else hits[-1]) + n    # first token after the occurrence
+            if not self_extend: return seq[follow: follow + num_speculative_tokens].tolist(), n
+            period = L - follow                           # the suffix is the occurrence moved right by L - follow tokens
+            return seq[follow + np.arange(num_speculative_tokens) % period].tolist(), n
+    return [], 0
+
+# %% ../nbs/30_decode.ipynb #945e4337
+# the rule this project used before lookup's settings were swept (vLLM's `ngram` with 15 proposals): one setting of it
+PROJECT_LOOKUP = dict(prompt_lookup_min=1, prompt_lookup_max=3, num_speculative_tokens=15, occurrence="earliest",
+                      self_extend=False)
+# chosen on the validation prompts by runs/lookup_sweep (its results.json; asserted below), never on the test prompts
+LOOKUP_DEFAULTS = dict(prompt_lookup_min=1, prompt_lookup_max=8, num_speculative_tokens=15, occurrence="latest",
+                       self_extend=True)
+HYBRID_DEFAULT_RULE = "match>=2"
+
+# %% ../nbs/30_decode.ipynb #b26f1693
+def one_hot_q(proposals: list[int], vocab_size: int) -> torch.Tensor:
+    "`q [m, V]` of a deterministic proposal: all of the draft's mass on each proposed id."
+    q = torch.zeros(len(proposals), vocab_size)
+    q[torch.arange(len(proposals)), proposals] = 1.0
+    return q
+
+# %% ../nbs/30_decode.ipynb #2274358c
+class LookupDrafter:
+    "Drafter for `speculative_loop` by prompt lookup in the tokens so far (no model, no target features)."
+    def __init__(self, vocab_size: int, prompt_lookup_min: int = LOOKUP_DEFAULTS["prompt_lookup_min"],
+                 prompt_lookup_max: int = LOOKUP_DEFAULTS["prompt_lookup_max"],
+                 num_speculative_tokens: int = LOOKUP_DEFAULTS["num_speculative_tokens"], temperature: float = 0.0,
+                 timer: StepTimer | None = None, occurrence: str = LOOKUP_DEFAULTS["occurrence"],
+                 self_extend: bool = LOOKUP_DEFAULTS["self_extend"]):
+        check_lookup_params(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens, occurrence, self_extend)
         self.V, self.temperature, self.timer = vocab_size, temperature, timer or StepTimer()
-        self.lo, self.hi, self.k = prompt_lookup_min, prompt_lookup_max, num_speculative_tokens
+        self.settings = dict(prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+                             num_speculative_tokens=num_speculative_tokens, occurrence=occurrence, self_extend=self_extend)
+        self.block_size, self.layer_ids, self.last_match = num_speculative_tokens + 1, [], 0
+
+    def propose_matched(self, tokens) -> tuple[list[int], int]:
+        "(proposals, length of the suffix match they copy from; 0: no match) for the sequence `tokens`."
+        with self.timer("draft"):
+            props, self.last_match = lookup_propose(tokens, **self.settings)
+        return props, self.last_match
+
+    def match_length(self) -> int:
+        "Length of the suffix match the last proposal copied from (0: none): what the hybrid's rules read."
+        return self.last_match
 
     def __call__(self, ctx, anchor: int, start: int, tokens):
-        with self.timer("draft"):
-            props = ngram_propose(tokens, self.lo, self.hi, self.k)
-        if self.temperature <= 0: return props
-        q = torch.zeros(len(props), self.V)                  # a deterministic proposal: all the draft's mass on it
-        q[torch.arange(len(props)), props] = 1.0
-        return props, q
+        props, _ = self.propose_matched(tokens)
+        return props if self.temperature <= 0 else (props, one_hot_q(props, self.V))
+
+    def describe(self) -> dict: return dict(drafter="lookup", **self.settings)
 
 # %% ../nbs/30_decode.ipynb #fa600865
 @dataclass
@@ -543,15 +603,101 @@ def _check_temperature(temperature):
 @torch.no_grad()
 def ngram_generate(target, input_ids, max_new_tokens: int, stop_token_ids=(), prompt_lookup_min: int = 1,
                    prompt_lookup_max: int = 3, num_speculative_tokens: int = 15, timer: StepTimer | None = None,
-                   temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+                   temperature: float = 0.0, generator: torch.Generator | None = None, occurrence: str = "earliest",
+                   self_extend: bool = False) -> tuple[list[int], dict]:
     """Speculative decoding (batch 1) with prompt-lookup proposals: the tokens of `greedy_generate` at `temperature` 0, the
-    distribution of `sample_generate` at `temperature` > 0; statistics as `speculative_generate`'s (block `k + 1`)."""
+    distribution of `sample_generate` at `temperature` > 0; statistics as `speculative_generate`'s (block `k + 1`).
+    The defaults are the project's first rule (`PROJECT_LOOKUP`); `LOOKUP_DEFAULTS` holds the swept ones."""
     _check_temperature(temperature)
     timer = timer or StepTimer()
-    propose = NgramProposer(target.get_output_embeddings().weight.shape[0], prompt_lookup_min, prompt_lookup_max,
-                            num_speculative_tokens, temperature, timer)
-    return speculative_loop(target, propose, input_ids, max_new_tokens, num_speculative_tokens + 1, [],
+    propose = LookupDrafter(target.get_output_embeddings().weight.shape[0], prompt_lookup_min, prompt_lookup_max,
+                            num_speculative_tokens, temperature, timer, occurrence=occurrence, self_extend=self_extend)
+    return speculative_loop(target, propose, input_ids, max_new_tokens, propose.block_size, [],
                             stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+
+# %% ../nbs/30_decode.ipynb #aa02e470
+HYBRID_RULES = {            # whether a step sends lookup's proposals; decided before the target sees them
+    "any": lambda n, first, drafted: n >= 1,                     # any suffix match
+    "match>=2": lambda n, first, drafted: n >= 2,
+    "match>=3": lambda n, first, drafted: n >= 3,
+    "agree": lambda n, first, drafted: n >= 1 and first == drafted["first"],        # the draft's likeliest first token
+    "top3": lambda n, first, drafted: n >= 1 and first in drafted["top3"],          # in the backbone's top 3 at slot 1
+}
+_RULES_READING_THE_DRAFT = ("agree", "top3")
+
+class _RecordingHead:
+    "The target's LM head, keeping its last output: the draft backbone's logits, for the `top3` rule."
+    def __init__(self, head): self.head, self.weight, self.last = head, head.weight, None
+    def __call__(self, x):
+        self.last = self.head(x)
+        return self.last
+
+class HybridDrafter:
+    """Drafter sending prompt lookup's proposals at the steps where its match passes `rule` (`HYBRID_RULES`), the trained
+    draft's otherwise. Context features of the steps the draft does not run are kept and handed to it at its next call."""
+    def __init__(self, draft: DraftProposer, lookup: LookupDrafter, rule: str = HYBRID_DEFAULT_RULE):
+        if rule not in HYBRID_RULES: raise ValueError(f"rule must be one of {', '.join(HYBRID_RULES)}, got {rule!r}")
+        if lookup.temperature != draft.temperature:
+            raise ValueError(f"the draft samples at temperature {draft.temperature}, lookup at "
+                             f"{lookup.temperature}: build both with the same temperature")
+        self.draft, self.lookup, self.rule, self.passes = draft, lookup, rule, HYBRID_RULES[rule]
+        self.block_size = max(draft.d.block_size, lookup.block_size)
+        self.layer_ids = list(draft.d.target_layer_ids)
+        self.temperature = draft.temperature
+        self.pending, self.chosen = None, dict(lookup=0, draft=0)       # features the draft has not read yet; step counts
+        if rule == "top3" and not isinstance(draft.lm_head, _RecordingHead): draft.lm_head = _RecordingHead(draft.lm_head)
+
+    def _run_draft(self, ctx, anchor, start, tokens):
+        if self.pending is not None: ctx, self.pending = torch.cat([self.pending, ctx], 1), None
+        return self.draft(ctx, anchor, start, tokens)
+
+    def _draft_view(self, drafted) -> dict:
+        "What the draft-reading rules compare lookup's first token with, fixed before any token is sampled."
+        ids, q = drafted if self.temperature > 0 else (drafted, None)
+        first = int(q[0].argmax()) if q is not None else int(ids[0])     # sampled: the likeliest, not the draw
+        top3 = []
+        if self.rule == "top3":
+            slot = proposal_slots(self.draft.d.block_size, self.draft.d.shift_label)[0]
+            top3 = self.draft.lm_head.last[slot].topk(3).indices.tolist()
+        return dict(first=first, top3=top3)
+
+    def __call__(self, ctx, anchor: int, start: int, tokens):
+        props, n = self.lookup.propose_matched(tokens)
+        first = props[0] if props else None
+        if self.rule in _RULES_READING_THE_DRAFT:
+            drafted = self._run_draft(ctx, anchor, start, tokens)
+            use_lookup = self.passes(n, first, self._draft_view(drafted))
+        else:
+            use_lookup, drafted = self.passes(n, first, None), None
+            if not use_lookup: drafted = self._run_draft(ctx, anchor, start, tokens)
+            else: self.pending = ctx if self.pending is None else torch.cat([self.pending, ctx], 1)  # read at the next call
+        self.chosen["lookup" if use_lookup else "draft"] += 1
+        if not use_lookup: return drafted
+        return props if self.temperature <= 0 else (props, one_hot_q(props, self.lookup.V))
+
+    def describe(self) -> dict:
+        draft = self.draft.describe() if hasattr(self.draft, "describe") else dict(drafter="draft")
+        return dict(drafter="hybrid", rule=self.rule, draft=draft, lookup=self.lookup.describe())
+
+# %% ../nbs/30_decode.ipynb #d06b5b46
+@torch.no_grad()
+def hybrid_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), rule: str = HYBRID_DEFAULT_RULE,
+                    lookup: dict | None = None, use_head: bool = True, candidate_k: int = 0, timer: StepTimer | None = None,
+                    temperature: float = 0.0, generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+    """Speculative decoding (batch 1) with `HybridDrafter`: prompt lookup (settings `lookup`, default `LOOKUP_DEFAULTS`)
+    where its match passes `rule`, the trained `draft` elsewhere; lossless as `speculative_generate`. The statistics add
+    `chosen`, the verify steps each drafter proposed for."""
+    _check_temperature(temperature)
+    d, timer = check_draft_fits(draft, target), timer or StepTimer()
+    if temperature > 0 and generator is None: generator = torch.Generator().manual_seed(0)
+    proposer = DraftProposer(draft, target, d, use_head=use_head, candidate_k=candidate_k, timer=timer,
+                             temperature=temperature, generator=generator)
+    looker = LookupDrafter(target.get_output_embeddings().weight.shape[0], temperature=temperature, timer=timer,
+                           **(LOOKUP_DEFAULTS | (lookup or {})))
+    hybrid = HybridDrafter(proposer, looker, rule)
+    out, stats = speculative_loop(target, hybrid, input_ids, max_new_tokens, hybrid.block_size, hybrid.layer_ids,
+                                  stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
+    return out, stats | dict(chosen=dict(hybrid.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded
 from .eagle3 import Eagle3Cache, Eagle3DraftModel
