@@ -21,7 +21,7 @@ from .config import ConfigError
 from .files import dumps_strict, write_atomic
 from .progress import format_seconds
 from .embedded import sha256_file
-from .decode import drafter_class, drafter_settings
+from .decode import PROJECT_LOOKUP, drafter_class, drafter_settings
 from .evaluation import evaluate_draft
 from .plots import log_scale, log_ticks, moving_average
 from .stats import pooled_rate_difference, pooled_tau_ratio, seed_t_interval, wider_interval
@@ -137,7 +137,7 @@ VARIANTS = {
     ),
     "ngram": Variant(                            # (named before the drafter registry; its settings pinned: the project rule)
         "embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training",
-        drafter={"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 3, "num_speculative_tokens": 15},
+        drafter={"drafter": "lookup", **PROJECT_LOOKUP},  # earliest occurrence, no self-extension: not lookup's defaults
     ),
 }
 
@@ -401,12 +401,17 @@ def repetition_summary(rows: list[dict]) -> Optional[list[dict]]:
 
 
 # %% ../nbs/40_ablations.ipynb #b221cf09
+def _legacy_lookup(rec: dict) -> dict:
+    """The drafter spec a prompt-lookup record from before the registry ran: its n range and proposal length (`changes`)
+    with the project's rule for the settings added since (`PROJECT_LOOKUP`: earliest occurrence, no self-extension)."""
+    return {"drafter": "lookup", **PROJECT_LOOKUP, **rec["changes"]}
+
 def upgraded_record(rec: dict) -> dict:
     "A stored record with the drafter it ran (`drafter`); one from before the registry says so in its recipe."
     if "drafter" in rec: return rec
     legacy_lookup = rec.get("recipe") == "ngram"                      # prompt lookup, recorded as a recipe then
     return {**rec, "recipe": None if legacy_lookup else rec.get("recipe"),
-            "drafter": {"drafter": "lookup", **rec["changes"]} if legacy_lookup else {"drafter": "draft"}}
+            "drafter": _legacy_lookup(rec) if legacy_lookup else {"drafter": "draft"}}
 
 # %% ../nbs/40_ablations.ipynb #2ab9c7e9
 def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> dict:
@@ -813,11 +818,12 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
 # %% ../nbs/40_ablations.ipynb #8d795c1a
 def _same_run(done: Optional[dict], fp: dict) -> bool:
     """Whether stored record `done` ran with fingerprint `fp`. A prompt-lookup record from before the drafter registry
-    (recipe "ngram", its settings in `changes`, no drafter in its fingerprint) ran the `lookup` drafter with those settings."""
+    (recipe "ngram", its settings in `changes`, no drafter in its fingerprint) ran the `lookup` drafter with those settings
+    and the project's rule (`_legacy_lookup`)."""
     if done is None: return False
     stored = done.get("fingerprint") or {}
     if done.get("recipe") == "ngram" and "drafter" not in stored.get("evaluation", {}):
-        stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": {"drafter": "lookup", **done["changes"]}}}
+        stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": _legacy_lookup(done)}}
     return stored == fp
 
 def finished_record(**task) -> Optional[dict]:

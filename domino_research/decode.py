@@ -25,8 +25,9 @@ __all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'LOOKUP_OCCURRENCE
            'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits',
            'DraftProposer', 'DraftSettings', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
            'check_lookup_params', 'lookup_propose', 'one_hot_q', 'LookupDrafter', 'LookupSettings', 'ngram_generate',
-           'HybridDrafter', 'hybrid_generate', 'check_eagle3_fits', 'Eagle3Proposer', 'Eagle3Settings',
-           'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate', 'same_acceptance']
+           'HybridDrafter', 'HybridSettings', 'hybrid_generate', 'check_eagle3_fits', 'Eagle3Proposer',
+           'Eagle3Settings', 'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate',
+           'same_acceptance']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -565,34 +566,33 @@ class LookupDrafter:
     def describe(self) -> dict: return dict(drafter="lookup", **self.settings)
 
 # %% ../nbs/30_decode.ipynb #fa600865
+from typing import Literal
+
 @dataclass
 class LookupSettings:
-    "Settings of the `lookup` drafter (prompt lookup, vLLM's names)."
-    prompt_lookup_min: int = ranged(1, ">= 1")  # shortest suffix n-gram looked up
-    prompt_lookup_max: int = ranged(3, ">= 1")  # longest suffix n-gram looked up
-    num_speculative_tokens: int = ranged(15, f"[1, {MAX_VERIFY_WIDTH - 1}]")  # most tokens proposed per step (block size - 1)
+    "Settings of the `lookup` drafter (prompt lookup, vLLM's names); the defaults are `LOOKUP_DEFAULTS`, swept on validation."
+    prompt_lookup_min: int = ranged(LOOKUP_DEFAULTS["prompt_lookup_min"], ">= 1")  # shortest suffix n-gram looked up
+    prompt_lookup_max: int = ranged(LOOKUP_DEFAULTS["prompt_lookup_max"], ">= 1")  # longest suffix n-gram looked up
+    num_speculative_tokens: int = ranged(LOOKUP_DEFAULTS["num_speculative_tokens"],
+                                         f"[1, {MAX_VERIFY_WIDTH - 1}]")  # most tokens proposed per step (block size - 1)
+    occurrence: Literal[LOOKUP_OCCURRENCES] = LOOKUP_DEFAULTS["occurrence"]  # copied from: earliest (vLLM) or latest
+    self_extend: bool = LOOKUP_DEFAULTS["self_extend"]  # where the copy reaches the end, go on with the match's period
 
     def __post_init__(self):                   # (each range is checked after this)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} > prompt_lookup_max {self.prompt_lookup_max}: "
                              "no n-gram length to look up; pass a min <= max")
 
-NgramProposer.Settings, NgramProposer.layer_ids = LookupSettings, []      # reads no target features
-
-@patch(as_prop=True)
-def block_size(self: NgramProposer) -> int: return self.k + 1  # noqa: F811 (patched onto this class)
-
-@patch
-def describe(self: NgramProposer) -> dict:  # noqa: F811 (patched onto this class)
-    return dict(drafter=self.name, prompt_lookup_min=self.lo, prompt_lookup_max=self.hi, num_speculative_tokens=self.k)
+LookupDrafter.Settings = LookupSettings        # (block_size, layer_ids and describe are the class's own)
 
 @patch(cls_method=True)
-def build(cls: NgramProposer, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
-          temperature: float = 0.0, generator: torch.Generator | None = None) -> NgramProposer:
+def build(cls: LookupDrafter, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> LookupDrafter:
     s = drafter_settings(cls, settings)
     return cls(target.get_output_embeddings().weight.shape[0], **asdict(s), temperature=temperature, timer=timer)
 
-register_drafter("lookup")(NgramProposer)
+register_drafter("lookup")(LookupDrafter)
+
 
 # %% ../nbs/30_decode.ipynb #e88d958a
 def _check_temperature(temperature):
@@ -656,9 +656,10 @@ class HybridDrafter:
         ids, q = drafted if self.temperature > 0 else (drafted, None)
         first = int(q[0].argmax()) if q is not None else int(ids[0])     # sampled: the likeliest, not the draw
         top3 = []
-        if self.rule == "top3":
-            slot = proposal_slots(self.draft.d.block_size, self.draft.d.shift_label)[0]
-            top3 = self.draft.lm_head.last[slot].topk(3).indices.tolist()
+        if self.rule == "top3":                  # the head ran on every slot of the block, or on the proposal slots only
+            logits = self.draft.lm_head.last                                 # [bs, V] or [bs - 1, V]
+            row = self.draft.slots[0] if logits.shape[0] == self.draft.d.block_size else 0
+            top3 = logits[row].topk(3).indices.tolist()
         return dict(first=first, top3=top3)
 
     def __call__(self, ctx, anchor: int, start: int, tokens):
@@ -676,8 +677,32 @@ class HybridDrafter:
         return props if self.temperature <= 0 else (props, one_hot_q(props, self.lookup.V))
 
     def describe(self) -> dict:
-        draft = self.draft.describe() if hasattr(self.draft, "describe") else dict(drafter="draft")
-        return dict(drafter="hybrid", rule=self.rule, draft=draft, lookup=self.lookup.describe())
+        "{'drafter': 'hybrid', **its settings}: the rule, the draft's use_head / candidate_k, lookup's settings."
+        return dict(drafter="hybrid", rule=self.rule, use_head=self.draft.use_head, candidate_k=self.draft.candidate_k,
+                    **self.lookup.settings)
+
+# %% ../nbs/30_decode.ipynb #e1f0b0a2
+@dataclass
+class HybridSettings(LookupSettings):
+    "Settings of the `hybrid` drafter: lookup's (`LookupSettings`, defaults `LOOKUP_DEFAULTS`), its rule and the draft's."
+    rule: Literal[tuple(HYBRID_RULES)] = HYBRID_DEFAULT_RULE  # when lookup's proposals are sent (HYBRID_RULES)
+    use_head: bool = True  # Domino drafts: the head corrects the draft's proposals (false: the backbone alone)
+    candidate_k: int = ranged(0, ">= 0", "0 = the whole vocabulary")  # Domino head: re-rank the base's top-K ids only
+
+HybridDrafter.Settings, HybridDrafter.uses_draft = HybridSettings, True   # (block_size, layer_ids: the class's own)
+_HYBRID_DRAFT_KEYS = ("use_head", "candidate_k")
+
+@patch(cls_method=True)
+def build(cls: HybridDrafter, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> HybridDrafter:
+    s = asdict(drafter_settings(cls, settings))
+    if draft is None: raise ValueError(f"drafter {cls.name!r} decodes with a trained DFlash/Domino draft: pass its folder")
+    rule, drafted = s.pop("rule"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
+    proposer = DraftProposer.build(target, drafted, draft=draft, timer=timer, temperature=temperature, generator=generator)
+    return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature), rule)
+
+register_drafter("hybrid")(HybridDrafter)
+
 
 # %% ../nbs/30_decode.ipynb #d06b5b46
 @torch.no_grad()

@@ -237,3 +237,23 @@ def test_stored_study_runs_keep_their_identity():
         today = _fingerprint(cfg, {"prompts": "embedded:test"})["config"]
         differ = {k: (today.get(k), stored.get(k)) for k in {*today, *stored} if today.get(k) != stored.get(k)}
         assert not differ, (trained, differ)
+
+
+def test_stored_study_lookup_runs_are_finished():
+    """Study 28's `ngram` runs (recorded before the drafter registry, and before lookup had an occurrence rule and
+    self-extension) are found finished by the task `run_ablation` builds today: the variant pins the project's rule, which
+    is what those runs decoded with. A variant that left the new settings to the `lookup` drafter's swept defaults would
+    re-decode all three (its drafter differs), and so would a variant that did not name them at all."""
+    from domino_research.ablations import VARIANTS, finished_record, plan_ablation
+    from domino_research.decode import LOOKUP_DEFAULTS
+    out, (config, overrides, changes) = STUDY28 / "steps2880", plan_ablation(["ngram"], None, None, None, VARIANTS)["ngram"]
+    def task(seed, drafter):
+        return dict(name="ngram", seed=seed, config=config, overrides=overrides, changes=changes, steps=2880, out_dir=out,
+                    prompts="embedded:test", n_eval_prompts=64, max_new_tokens=128, drafter=drafter)
+    for seed in (0, 1, 2):
+        rec = finished_record(**task(seed, VARIANTS["ngram"].drafter))
+        assert rec is not None and rec["drafter"] == VARIANTS["ngram"].drafter, seed
+        assert rec["drafter"]["occurrence"] == "earliest" and rec["drafter"]["self_extend"] is False
+        for wrong in ({"drafter": "lookup", **LOOKUP_DEFAULTS},
+                      {"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 3, "num_speculative_tokens": 15}):
+            assert finished_record(**task(seed, wrong)) is None, (seed, wrong)

@@ -88,7 +88,8 @@ def test_bench_decode_ngram_json(toy, capsys, monkeypatch):
     for k in ("tau", "per_slot_acceptance", "speedup", "efficiency", "lossless", "accept_hist", "profile"):
         assert k in res, k
     assert (res["projector_type"], res["block_size"], res["lossless"]) == (None, 7, True)    # not a kind of draft
-    assert res["drafter"] == {"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 6}
+    assert res["drafter"] == {"drafter": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 6,
+                              "occurrence": "latest", "self_extend": True}      # not given: lookup's swept defaults
     assert len(res["per_slot_acceptance"]) == 6 and 1 <= res["tau"] <= 7
     assert all(r["lossless_spec"] and 0 <= r["repetition"] <= 1 for r in res["per_prompt"])
 

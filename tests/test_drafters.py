@@ -10,7 +10,7 @@ import torch
 from domino_research.config import ranged
 from domino_research.decode import DRAFTERS, drafter_settings, register_drafter
 
-from conftest import write_config
+from conftest import REPO, write_config
 
 
 @dataclass
@@ -89,7 +89,8 @@ def test_bench_decode_refuses_another_drafters_setting(repeat_anchor, tiny, caps
     "A setting of a drafter other than the chosen one is refused in one line naming the chosen drafter's settings."
     from domino_research.bench import main
     for argv, needle in [(["--drafter", "lookup", "--k", "2"], "--k: not a setting of drafter 'lookup' (its settings: "
-                                                                "prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)"),
+                                                                "prompt_lookup_min, prompt_lookup_max, num_speculative_tokens, "
+                                                                "occurrence, self_extend)"),
                          (["--drafter", "repeat_anchor", "--use_head", "false"], "--use_head: not a setting of drafter "
                                                                                  "'repeat_anchor' (its settings: k)"),
                          (["--drafter", "repeat_anchor", "--draft", "x"], "--draft: drafter 'repeat_anchor' decodes with "
@@ -99,6 +100,28 @@ def test_bench_decode_refuses_another_drafters_setting(repeat_anchor, tiny, caps
             main(["decode", *argv, "--target", str(tiny["root"] / "target")])
         err = capsys.readouterr().err
         assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- the hybrid on a kept study-28 draft
+
+KEPT_DOMINO = REPO / "runs" / "ablations" / "study28" / "steps2880" / "runs" / "domino" / "seed0"
+
+
+def test_bench_decode_hybrid_on_a_kept_draft(capsys, monkeypatch):
+    """`bench decode --drafter hybrid` with study 28's kept seed-0 Domino draft on the embedded target: prompt lookup and
+    the trained draft in one loop, every prompt's tokens the target's greedy ones; the record is the hybrid's settings,
+    lookup's the swept defaults, and proposals were accepted (τ > 1)."""
+    from domino_research.bench import main
+    from domino_research.decode import HYBRID_DEFAULT_RULE, LOOKUP_DEFAULTS
+    if not (KEPT_DOMINO / "draft_bf16").is_dir(): pytest.skip(f"no kept draft in {KEPT_DOMINO}")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
+    main(["decode", "--drafter", "hybrid", "--draft", str(KEPT_DOMINO), "--n_eval_prompts", "3", "--max_new_tokens", "32",
+          "--warmup", "0", "--per_prompt", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert res["lossless"] is True and all(r["lossless_spec"] for r in res["per_prompt"]), res["per_prompt"]
+    assert res["drafter"] == {"drafter": "hybrid", "rule": HYBRID_DEFAULT_RULE, "use_head": True, "candidate_k": 0,
+                              **LOOKUP_DEFAULTS}
+    assert res["block_size"] == 16 and res["tau"] > 1, res["tau"]
 
 
 # ---------------------------------------------------------------- EAGLE-3 on the embedded target
