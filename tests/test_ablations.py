@@ -246,7 +246,7 @@ def test_stored_study_lookup_runs_are_finished():
     re-decode all three (its drafter differs), and so would a variant that did not name them at all."""
     from domino_research.ablations import VARIANTS, finished_record, plan_ablation
     from domino_research.decode import LOOKUP_DEFAULTS
-    out, (config, overrides, changes) = STUDY28 / "steps2880", plan_ablation(["ngram"], None, None, None, VARIANTS)["ngram"]
+    out, (config, overrides, changes, _) = STUDY28 / "steps2880", plan_ablation(["ngram"], None, None, None, VARIANTS)["ngram"]
     def task(seed, drafter):
         return dict(name="ngram", seed=seed, config=config, overrides=overrides, changes=changes, steps=2880, out_dir=out,
                     prompts="embedded:test", n_eval_prompts=64, max_new_tokens=128, drafter=drafter)
