@@ -221,7 +221,7 @@ def _check_counts(**counts):
 class EvalConfig:
     "How a drafter is measured; the chosen drafter's own settings are given beside these fields."
     # -- the drafter
-    drafter: str = "draft"  # a registered drafter (decode.DRAFTERS): draft, lookup, eagle3, ...; 'ngram' means lookup
+    drafter: str = "draft"  # a registered drafter (decode.DRAFTERS): draft, lookup, hybrid, eagle3, ...; 'ngram' means lookup
     # -- the prompts
     prompts: str | None = None  # prompt set: a JSONL / JSON / parquet file or a hub dataset name (null: embedded test split)
     prompt_split: str | None = None  # split of a hub dataset / folder with several (e.g. test)
