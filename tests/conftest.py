@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 LONGEST_FIRST = [
     "test_safety.py::test_fault_matrix_kill9_then_resume",
     "test_shard.py",
+    "test_target_load.py",
     "test_qwen3_e2e.py::test_shipped_config_end_to_end",
     "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
     "test_train.py::test_resume_on_another_number_of_processes",
