@@ -24,12 +24,13 @@ from .data import chat_cache_key
 from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS', 'EAGLE3_EXPORT_KEYS',
-           'draft_weight_names', 'read_draft_config', 'read_safetensors_header', 'check_draft_folder', 'load_draft',
-           'find_draft_dir', 'modeling_source', 'weights_dtype', 'target_files_sha256', 'target_identity',
-           'make_readable', 'self_description_problems', 'serving_summary', 'model_card', 'generation_config',
-           'describe_draft', 'export_config', 'check_export_dir', 'export_draft', 'push_draft', 'serving_problems',
-           'read_figures', 'describe_run_draft', 'eagle3_serving_config', 'export_eagle3_draft', 'load_eagle3_export']
+__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'NO_RANDOM_INIT', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS',
+           'EAGLE3_EXPORT_KEYS', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
+           'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source', 'weights_dtype',
+           'target_files_sha256', 'target_identity', 'make_readable', 'self_description_problems', 'serving_summary',
+           'model_card', 'generation_config', 'describe_draft', 'export_config', 'check_export_dir', 'export_draft',
+           'push_draft', 'serving_problems', 'read_figures', 'describe_run_draft', 'eagle3_serving_config',
+           'export_eagle3_draft', 'load_eagle3_export']
 
 # %% ../nbs/31_export.ipynb #4db17a87
 _LAYER_KEYS = ([f"self_attn.{p}_proj.weight" for p in "qkvo"] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
@@ -294,6 +295,9 @@ def self_description_problems(draft_dir) -> list[str]:
     dt = weights_dtype(read_safetensors_header(_weights_file(p)))
     if dt and cfg.get("dtype", cfg.get("torch_dtype")) != dt:
         out.append(f"config.json dtype {cfg.get('dtype', cfg.get('torch_dtype'))!r} but the weights are {dt}")
+    if not (isinstance(cfg.get("initializer_range"), (int, float)) and cfg["initializer_range"] < 0):
+        out.append(f"config.json initializer_range {cfg.get('initializer_range')!r} is not negative: AutoModel.from_pretrained "
+                   "without trust_remote_code would silently return a Qwen3Model with a random embedding")
     gen = json.loads((p / "generation_config.json").read_text()) if (p / "generation_config.json").is_file() else {}
     out += [f"config.json {k} {cfg.get(k)!r} but generation_config.json says {v!r}" for k, v in gen.items()
             if k.endswith("_token_id") and cfg.get(k) != v]
@@ -360,8 +364,10 @@ def model_card(cfg: dict, info: dict) -> str:
             "With transformers alone (runs this folder's `modeling_dflash.py`, so only on a folder you trust):", "",
             "```python", "from transformers import AutoModel",
             "draft = AutoModel.from_pretrained('path/to/this/folder', trust_remote_code=True)", "```", "",
-            "Without `trust_remote_code=True`, transformers builds its own `Qwen3Model` from this folder (a random "
-            "embedding, none of the draft's `fc`/`hidden_norm`/head weights) and only warns: that model is not this draft.",
+            "Without `trust_remote_code=True`, transformers would build its own `Qwen3Model` from this folder (a random "
+            "embedding, none of the draft's `fc`/`hidden_norm`/head weights), which is not this draft; `config.json`'s "
+            "`initializer_range: -1` makes that load stop with `RuntimeError: normal expects std >= 0.0` after its load "
+            "report, instead of returning it. The engines below never read `initializer_range`.",
             "", "## Serving engines", "", *[f"- {s}" for s in serving_summary(cfg)], "", "## License", "",
             f"{info.get('license', 'apache-2.0')}; the target's own license applies to its weights."]
     return "\n".join(out) + "\n"
@@ -374,10 +380,17 @@ def generation_config(info: dict) -> dict:
     return gen
 
 # %% ../nbs/31_export.ipynb #6958ed51
+NO_RANDOM_INIT = -1.0      # config.json's initializer_range: a loader that must draw a missing weight fails (see below)
+_LOAD_NOTE = ("load with domino_research.export.load_draft(folder) or AutoModel.from_pretrained(folder, "
+              "trust_remote_code=True); initializer_range is -1 so that a loader which would draw a weight this folder "
+              "lacks (plain AutoModel builds a Qwen3Model with no embed_tokens here) fails instead of returning "
+              "another model")
+
 def describe_draft(draft_dir, info: dict | None = None) -> Path:
     """Complete a draft folder (config.json + model.safetensors) into a self-describing Hugging Face model folder:
-    `auto_map` + the run's record in config.json, `modeling_dflash.py`, `generation_config.json`, `README.md`; `dtype`
-    from the weights, the special-token ids of `generation_config.json` at the top level, every file readable.
+    `auto_map`, `initializer_range` -1 (no loader may draw a weight at random) and the run's record in config.json,
+    `modeling_dflash.py`, `generation_config.json`, `README.md`; `dtype` from the weights, the special-token ids of
+    `generation_config.json` at the top level, every file readable.
     `info` keys (all optional): target, target_path, target_files_sha256, target_fingerprint, data, data_fingerprint,
     recipe, license, hyperparameters, validation, decode (dicts of figures), bos/eos/pad_token_id; the other keys are
     kept in config.json too."""
@@ -385,7 +398,8 @@ def describe_draft(draft_dir, info: dict | None = None) -> Path:
     cfg, info = read_draft_config(p), dict(info or {})
     record = {k: v for k, v in info.items() if k not in ("hyperparameters", "validation", "decode")}
     cfg["auto_map"] = dict(AUTO_MAP)
-    if record: cfg["domino_research"] = {**cfg.get("domino_research", {}), **record}
+    cfg["initializer_range"] = NO_RANDOM_INIT
+    cfg["domino_research"] = {**cfg.get("domino_research", {}), **record, "load": _LOAD_NOTE}
     if dt := weights_dtype(read_safetensors_header(_weights_file(p))):
         cfg["dtype"] = dt
         cfg.pop("torch_dtype", None)

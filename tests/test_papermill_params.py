@@ -1,6 +1,7 @@
 "Every papermill notebook's `parameters` cell is fully understood by papermill (`--help-notebook`, no 'unknown parameter')."
 import ast
 import json
+import re
 from pathlib import Path
 
 import papermill as pm
@@ -110,3 +111,59 @@ def test_evaluate_old_lookup_parameter_names_the_new_spelling():
     assert ns["spec"] == {"drafter": "lookup", "prompt_lookup_max": 2} and ns["cfg"].n_prompts == 4
     with pytest.raises(ConfigError, match="'use_head' is neither an evaluation key nor a setting of drafter 'lookup'"):
         run_checks("evaluate.ipynb", "drafter = 'lookup'\ndrafter_settings = '{use_head: false}'\n")
+
+
+def papermill_ctrl_c(nb: Path, out: Path, *params: str) -> tuple[int, str]:
+    """`papermill nb` in its own process group, stopped by SIGINT to the whole group as a terminal's Ctrl-C is, once the
+    run has saved a checkpoint: (exit status, stderr)."""
+    import os, signal, subprocess, sys, time
+    from domino_research.lifecycle import list_checkpoints
+    cmd = [sys.executable, "-m", "papermill", str(nb), str(out / "run.ipynb"), "--cwd", str(NBS), "-p", "output_dir",
+           str(out), "-p", "run_name", "pm", *params]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}   # else ipykernel leaves fd 2 uncaptured
+    p = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**env, "OMP_NUM_THREADS": "1"})
+    t0 = time.time()
+    while p.poll() is None and not list_checkpoints(out / "pm") and time.time() - t0 < 300: time.sleep(0.1)
+    assert p.poll() is None, "the run ended before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)
+    try: return p.wait(timeout=120), p.stderr.read()
+    finally: p.kill()
+
+
+PM_PARAMS = ("-p", "max_steps", "40", "-p", "n_eval_prompts", "0", "-p", "extra", "{save_every_steps: 2, num_epochs: 20}")
+
+
+def test_ctrl_c_under_papermill_is_one_line_that_resumes(tmp_path):
+    """Ctrl-C during `papermill nbs/train.ipynb` ended in ipykernel's ZMQ traceback and papermill's "Aborted!", the
+    resume hint lost (papermill interrupts the kernel, asks it to shut down and reads no more of its output). Now the
+    training cell writes one line on the terminal: where the run stopped and the papermill command that continues it;
+    then click prints "Aborted!" (papermill's command line is a click command run in standalone mode, which prints it
+    on any KeyboardInterrupt: `click.core.Command.main`; nothing the notebook does can remove it). Followed, the
+    advice resumes the run. The fault: the training cell without its handler leaves no such line."""
+    rc, err = papermill_ctrl_c(NBS / "train.ipynb", tmp_path, *PM_PARAMS)
+    lines = [l for l in re.split(r"[\r\n]", err) if l.strip()]       # papermill's bar redraws with \r
+    said = [l for l in lines if l.startswith("error: ")]
+    assert rc == 1 and lines[-1] == "Aborted!", (rc, err[-3000:])
+    assert "Traceback" not in err and "ZMQError" not in err, err[-3000:]
+    assert len(said) == 1 and "the last complete checkpoint is" in said[0], err[-3000:]
+    assert said[0].endswith("continue it with the same papermill command plus -p run_name pm and resume: latest in "
+                            "extra (-p extra \"{resume: latest}\")"), said[0]
+    # followed word for word: the same command, the run name and resume: latest added to its extra
+    import subprocess, sys
+    followed = subprocess.run([sys.executable, "-m", "papermill", str(NBS / "train.ipynb"), str(tmp_path / "again.ipynb"),
+                               "--cwd", str(NBS), "-p", "output_dir", str(tmp_path), "-p", "run_name", "pm", *PM_PARAMS[:-1],
+                               "{save_every_steps: 2, num_epochs: 20, resume: latest}"], capture_output=True, text=True,
+                              timeout=600)
+    assert followed.returncode == 0, followed.stderr[-3000:]
+    rows = [json.loads(l) for l in (tmp_path / "pm" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1].get("final") and rows[-1]["step"] == 40
+
+
+def test_fault_ctrl_c_without_the_handler_loses_the_hint(tmp_path):
+    nb = json.loads((NBS / "train.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "main(config, **overrides)" in "".join(c["source"]))
+    cell["source"] = ["result = main(config, **overrides)\n", "result"]          # the training cell as it was
+    (tmp_path / "train.ipynb").write_text(json.dumps(nb))
+    rc, err = papermill_ctrl_c(tmp_path / "train.ipynb", tmp_path, *PM_PARAMS)
+    assert rc == 1 and not [l for l in re.split(r"[\r\n]", err) if l.startswith("error: ")], err[-3000:]
