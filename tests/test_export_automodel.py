@@ -56,3 +56,9 @@ def test_fault_usual_initializer_range_gives_silent_qwen3model(exported, tmp_pat
     wrong = AutoModel.from_pretrained(bad)                # no error: another model, with a random embedding
     assert type(wrong) is Qwen3Model and not hasattr(wrong, "fc")
     assert "is not negative" in self_description_problems(bad)[0]
+
+
+def test_the_shipped_served_draft_describes_itself():
+    "The committed served example is described by the current code: no self-description problem (initializer_range -1 included)."
+    from domino_research.export import self_description_problems
+    assert self_description_problems(SERVED / "draft") == []
