@@ -6,7 +6,9 @@ the test prompts: the per-step records `nbs/41_findings.ipynb` reads.
     python runs/ablations/study28/drafters/decode.py run --part 1/2  # ... the others (run both at once: two processes)
 
 Each run writes its own `results/<run>.json` when it has decoded every prompt, and a run whose file exists is skipped:
-the script is resumable, and two parts never write the same file. One thread per process, greedy, the embedded target.
+the script is resumable. A process claims a run before decoding it (`results/<run>.claim`, its pid), so two processes,
+of any parts, never decode or write the same run; `--part 0/1` run again in a second process shares the rest.
+One thread per process, greedy, the embedded target.
 """
 import argparse, hashlib, json, os, sys, time
 from pathlib import Path
@@ -51,6 +53,23 @@ def runs() -> dict[str, dict]:
 
 
 def result_path(name: str) -> Path: return OUT / (name.replace("/", "__") + ".json")
+
+
+def claim(name: str) -> bool:
+    """Take run `name` for this process: its `.claim` file, made exclusively, holds our pid. A claim whose process is gone
+    (killed mid-run) is taken over; one whose process lives is left to it, so processes of any parts never share a run."""
+    path = result_path(name).with_suffix(".claim")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(path.read_text() or 0), 0)
+            return False                                    # its process is alive: its run
+        except (ProcessLookupError, ValueError):
+            path.write_text(str(os.getpid()))               # stale: taken over
+            return True
+    with os.fdopen(fd, "w") as f: f.write(str(os.getpid()))
+    return True
 
 
 def sha(tokens) -> str: return hashlib.sha1(json.dumps([int(t) for t in tokens]).encode()).hexdigest()[:16]
@@ -153,8 +172,9 @@ def main(argv=None):
     target, tok = load_embedded_target()
     recs, prompts = test_prompts(tok)
     for i, (name, spec) in enumerate(all_runs.items()):
-        if i % n != k or result_path(name).is_file(): continue
+        if i % n != k or result_path(name).is_file() or not claim(name): continue
         run_one(name, spec, target, tok, recs, prompts)
+        result_path(name).with_suffix(".claim").unlink()
 
 
 if __name__ == "__main__":
