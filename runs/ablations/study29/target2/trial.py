@@ -1,6 +1,6 @@
 """A short trial of the second embedded target's build (code -> docstring task), to size the full build before it runs.
 
-    nice -n 19 python runs/ablations/study29/target2/trial.py [--out /tmp/study29_target2_trial] [--steps 20]
+    nice -n 10 python runs/ablations/study29/target2/trial.py [--out /tmp/study29_target2_trial] [--steps 20]
 
 It runs the builder's corpus and tokenizer stages for the second target (complete: they take seconds), then times
 `--steps` training steps of the second target's model and of the shipped target's model, one after the other and then
@@ -81,7 +81,7 @@ def main():
     corpus_bytes = {s: corpus_path(a.out, s).stat().st_size for s in SPLITS}
     data_bytes = {s: sum(len(json.dumps(r, ensure_ascii=False).encode()) + 1 for r in rows2[s]) for s in SPLITS}
     out = {
-        "command": "nice -n 19 python runs/ablations/study29/target2/trial.py --steps %d" % a.steps,
+        "command": "nice -n 10 python runs/ablations/study29/target2/trial.py --steps %d" % a.steps,
         "settings": SECOND, "torch_threads": 1, "trial_steps": a.steps,
         "corpus_rows": {s: len(read_jsonl(corpus_path(a.out, s))) for s in SPLITS},
         "rows_fitting_seq_768": {s: len(v) for s, v in rows2.items()},
