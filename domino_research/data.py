@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import gzip
 import hashlib
@@ -24,6 +25,7 @@ import warnings
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pyarrow.compute as pc
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -40,7 +42,8 @@ __all__ = ['QWEN3_STYLE_CHAT_TEMPLATE', 'QWEN3_SPECIAL_TOKENS', 'CHAT_CACHE_VERS
            'toy_chat_tokenizer', 'check_chat_template', 'stop_token_ids', 'render_chat', 'tokenize_chat',
            'show_loss_mask', 'build_chat_dataset', 'tokenizer_fingerprint', 'chat_cache_key', 'ChatCacheError',
            'CacheBuildInterrupted', 'cached_chat_dataset', 'main', 'collate_chat', 'line_loop', 'token_cycle', 'loops',
-           'repetition_score', 'group_by_length', 'epoch_order', 'idle_blocks', 'check_has_anchors']
+           'repetition_score', 'prompt_repetition', 'tercile_cuts', 'stratum', 'group_by_length', 'epoch_order',
+           'idle_blocks', 'check_has_anchors']
 
 # %% ../nbs/11_data.ipynb #f313a5b6
 class ChatDataError(ValueError):
@@ -709,6 +712,24 @@ def repetition_score(prompt_ids, continuation_ids, n: int = 4) -> float:
         depth += cover[j]
         inside += j >= P and depth > 0
     return inside / (len(seq) - P)
+
+
+# %% ../nbs/11_data.ipynb #f29a0002
+def prompt_repetition(prompt_ids, n: int = 4) -> float:
+    "Share of `prompt_ids` covered by an `n`-gram that occurred earlier in the prompt: a score known before decoding."
+    return repetition_score([], prompt_ids, n)
+
+
+# %% ../nbs/11_data.ipynb #f29a0005
+def tercile_cuts(scores) -> list[float]:
+    "The two cut points (1/3 and 2/3 quantiles, numpy's linear rule) of `scores`: three strata of about equal size."
+    if len(scores) < 3: raise ValueError(f"tercile_cuts: need at least 3 scores to cut into thirds, got {len(scores)}")
+    return [float(q) for q in np.quantile(np.asarray(scores, dtype=float), [1 / 3, 2 / 3])]
+
+
+def stratum(score: float, cuts) -> int:
+    "0 (below the first cut point), 1 or 2 (at or above the last): a prompt's stratum under frozen `cuts`."
+    return bisect.bisect_right(list(cuts), score)
 
 
 # %% ../nbs/11_data.ipynb #5d9bc8b0

@@ -33,10 +33,10 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
-           'stdlib_modules', 'has_docstring', 'extract_functions', 'build_corpus', 'write_jsonl', 'train_tokenizer',
-           'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target',
-           'response_stats', 'build_embedded', 'main']
+__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
+           'stdlib_modules', 'has_docstring', 'extract_functions', 'extract_docstrings', 'held_out_form',
+           'build_corpus', 'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy',
+           'train_target', 'fit_rows', 'save_target', 'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -140,6 +140,53 @@ def extract_functions(module: str, source: str, max_doc_chars: int = 800, min_bo
                      "module": module, "name": f"{cls}.{node.name}" if cls else node.name})
     return rows
 
+# %% ../nbs/14_embedded_build.ipynb #f29b0002
+TASKS = ("body", "docstring")   # signature + docstring -> body (the shipped target); code -> docstring (a second one)
+
+
+def _class_outline(node: ast.ClassDef) -> str | None:
+    "`class Name(bases):` and its methods' signatures, indented; None for a class without methods (nothing to describe)."
+    sigs = [function_signature(n) for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    bases = f"({', '.join(ast.unparse(b) for b in node.bases)})" if node.bases else ""
+    return "\n".join([f"class {node.name}{bases}:"] + ["    " + s for s in sigs]) if sigs else None
+
+
+# %% ../nbs/14_embedded_build.ipynb #f29b0003
+def _documented_code(node, cls, lines) -> tuple[str, str, str] | None:
+    "`(what, name, code)` of a documented function or class, its docstring left out; None when it has no code to show."
+    if isinstance(node, ast.ClassDef):
+        code = _class_outline(node)
+        return None if code is None else ("class", node.name, code)
+    body = function_body(lines, node, after_docstring=True)
+    if body is None: return None
+    what, name = (f"method of class `{cls}`", f"{cls}.{node.name}") if cls else ("function", node.name)
+    return what, name, function_signature(node) + "\n" + textwrap.indent(body, "    ")
+
+
+def extract_docstrings(module: str, source: str, min_doc_chars: int = 40, max_doc_chars: int = 800,
+                       max_code_chars: int = 1200, max_code_lines: int = 40) -> list[dict]:
+    """Chat rows `{messages, module, name, task}` of the code → docstring task for one module's `source`: every
+    function, method and class whose docstring and code pass the length filters."""
+    try: tree = ast.parse(source)
+    except SyntaxError: return []
+    lines, rows = source.splitlines(keepends=True), []
+    classes = [(n, None) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for node, cls in list(_functions(tree)) + classes:
+        doc = ast.get_docstring(node, clean=True)
+        shown = _documented_code(node, cls, lines) if doc and min_doc_chars <= len(doc) <= max_doc_chars else None
+        if shown is None or len(shown[2]) > max_code_chars or shown[2].count("\n") >= max_code_lines: continue
+        prompt = f"Write the docstring of this {shown[0]} from module `{module}`:\n{shown[2]}"
+        rows.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": doc}],
+                     "module": module, "name": shown[1], "task": "docstring"})
+    return rows
+
+
+# %% ../nbs/14_embedded_build.ipynb #f29b0006
+def held_out_form(row: dict) -> bool:
+    "Whether a corpus row's prompt has the held-out splits' form: a code → docstring row, or a body row with a docstring."
+    return row.get("task") == "docstring" or has_docstring(row)
+
+
 # %% ../nbs/14_embedded_build.ipynb #ba3b7ee6
 def _norm(s: str) -> str:
     return " ".join(s.split())
@@ -178,21 +225,25 @@ def split_by_module(rows: list[dict], n_test: int, n_validation: int, seed: int 
 
 # %% ../nbs/14_embedded_build.ipynb #c248c5d6
 def build_corpus(root: Path | None = None, n_test: int = 300, n_validation: int = 300, seed: int = 0,
-                 modules: list[str] | None = None, undocumented: bool = True) -> dict[str, list[dict]]:
-    """Extract, dedupe and split the stdlib functions under `root` (optionally only the listed `modules`).
+                 modules: list[str] | None = None, undocumented: bool = True,
+                 task: str = "body") -> dict[str, list[dict]]:
+    """Extract, dedupe and split the stdlib functions under `root` (optionally only the listed `modules`) for `task`.
 
-    The documented functions are split by module; with `undocumented`, the functions without a docstring of every
-    module outside the held-out splits are added to train."""
+    The documented functions are split by module; with `undocumented` (the body task), the functions without a docstring
+    of every module outside the held-out splits are added to train."""
+    if task not in TASKS: raise ValueError(f"task {task!r}: unknown; use one of {', '.join(TASKS)}")
     documented, bare = [], []
     for name, path in stdlib_modules(root):
         if modules is None or name in modules:
-            rows = extract_functions(name, path.read_text(encoding="utf-8", errors="replace"), undocumented=undocumented)
-            documented += [r for r in rows if has_docstring(r)]
-            bare += [r for r in rows if not has_docstring(r)]
+            source = path.read_text(encoding="utf-8", errors="replace")
+            rows = (extract_functions(name, source, undocumented=undocumented) if task == "body"
+                    else extract_docstrings(name, source))
+            documented += [r for r in rows if held_out_form(r)]
+            bare += [r for r in rows if not held_out_form(r)]
     rows = dedupe_rows(documented + bare)  # documented first: a body in both keeps its documented row
-    split = split_by_module([r for r in rows if has_docstring(r)], n_test, n_validation, seed)
+    split = split_by_module([r for r in rows if held_out_form(r)], n_test, n_validation, seed)
     held_out = {r["module"] for s in ("validation", "test") for r in split[s]}
-    split["train"] += [r for r in rows if not has_docstring(r) and r["module"] not in held_out]
+    split["train"] += [r for r in rows if not held_out_form(r) and r["module"] not in held_out]
     return split
 
 # %% ../nbs/14_embedded_build.ipynb #611d0efd
@@ -392,10 +443,10 @@ def fit_rows(tokenizer, rows: list[dict], seq_length: int) -> list[dict]:
     return [r for r in rows if len(chat_tokens(tokenizer, r["messages"])["input_ids"]) <= seq_length]
 
 # %% ../nbs/14_embedded_build.ipynb #10a9eab0
-def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log):
+def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body"):
     if corpus_source == "stdlib":
-        corpus = build_corpus(stdlib, n_test, n_validation, seed, modules)
-        log(f"corpus from the stdlib at {stdlib or stdlib_root()}: " + str({s: len(v) for s, v in corpus.items()}))
+        corpus = build_corpus(stdlib, n_test, n_validation, seed, modules, task=task)
+        log(f"corpus ({task} task) from the stdlib at {stdlib or stdlib_root()}: " + str({s: len(v) for s, v in corpus.items()}))
     else:
         corpus = {s: read_jsonl(corpus_path(corpus_source, s)) for s in SPLITS}
         log(f"corpus copied from {corpus_source}: " + str({s: len(v) for s, v in corpus.items()}))
@@ -434,12 +485,17 @@ def _stage_tokenizer(out_dir, vocab_size, log):
     log(f"tokenizer: {len(tok)} tokens, mask token {MASK} = {tok.convert_tokens_to_ids(MASK)}")
 
 # %% ../nbs/14_embedded_build.ipynb #a679d3ef
+def _task_of(row: dict) -> dict:
+    "`{task: ...}` of a row that names its task (code → docstring); `{}` for the body task's rows, written as they were."
+    return {"task": row["task"]} if "task" in row else {}
+
+
 def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows, max_train_rows, log):
     model, tok = load_embedded_target(out_dir, verify=False)
     for split in ("test", "validation", "train"):  # held-out sets first: they are the ones every measurement uses
         rows = fit_rows(tok, read_jsonl(corpus_path(out_dir, split)), seq_length)[:max_rows]
-        if split == "train":  # the draft's prompts take the held-out form: signature + docstring
-            rows = [r for r in rows if has_docstring(r)][:max_train_rows]
+        if split == "train":  # the draft's prompts take the held-out form (body task: signature + docstring)
+            rows = [r for r in rows if held_out_form(r)][:max_train_rows]
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]["messages"][0]["content"]))  # similar lengths batch well
         prompts = [{"messages": rows[i]["messages"][:1]} for i in order]
         tmp = dataset_path(out_dir, split).with_suffix(".partial.jsonl")
@@ -447,7 +503,7 @@ def _stage_regenerate(out_dir, seq_length, max_new_tokens, batch_size, max_rows,
         stats = regenerate(model, tok, prompts, tmp, max_new_tokens=max_new_tokens, batch_size=batch_size)
         answer = dict(zip(order, read_jsonl(tmp)))
         # written back in corpus order, so that a prefix (`max_train_samples`) is a mix of lengths, not the shortest prompts
-        out = [{"messages": answer[i]["messages"], "module": r["module"], "name": r["name"]}
+        out = [{"messages": answer[i]["messages"], "module": r["module"], "name": r["name"], **_task_of(r)}
                for i, r in enumerate(rows) if answer[i]["messages"][-1]["role"] == "assistant"]  # empty answers dropped
         write_jsonl(out, dataset_path(out_dir, split))
         # the partial file and its resume sidecar
@@ -514,22 +570,24 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
                    vocab_size: int = 384, model_kwargs: dict | None = None, seq_length: int = 768,
                    steps: int = 4000, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
-                   max_train_seconds: float | None = None, seed: int = 0,
+                   max_train_seconds: float | None = None, seed: int = 0, task: str = "body",
                    stages=STAGES, replace: bool = False, log=print) -> dict:
     """Build the embedded default under `out_dir`; returns the quality figures (if that stage ran).
 
     `corpus_source`: a previous build folder to copy the corpus from (default: the shipped one, so the build
-    does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's).
+    does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's)
+    for `task` (`TASKS`: "body", the shipped target's, or "docstring"; a copied corpus keeps its own).
     `replace`: build over a built target or a finished build (refused otherwise, before any work)."""
     out_dir = Path(out_dir)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages are {STAGES}")
+    if task not in TASKS: raise ValueError(f"task {task!r}: unknown; use one of {', '.join(TASKS)}")
     _check_replace(out_dir, stages, replace)
     q = {}
     for stage in (s for s in STAGES if s in stages):
         t0 = time.time()
-        if stage == "corpus": _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log)
+        if stage == "corpus": _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task)
         if stage == "tokenizer": _stage_tokenizer(out_dir, vocab_size, log)
         if stage == "target":
             _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_train_seconds)
@@ -548,6 +606,20 @@ def _stages(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"unknown stage(s) {unknown}; stages are {','.join(STAGES)}")
     return stages
 
+_MODEL_KEYS = {k for k in signature_defaults(target_config) if k != "tokenizer"}
+
+def _model(text: str) -> dict:
+    "`hidden_size=256,num_hidden_layers=8` -> target_config's keyword arguments (numbers); an unknown key or value: one line."
+    out = {}
+    for item in (t for t in text.split(",") if t):
+        key, _, value = item.partition("=")
+        if key not in _MODEL_KEYS:
+            raise argparse.ArgumentTypeError(f"unknown model key {key!r}; keys are {','.join(sorted(_MODEL_KEYS))}")
+        try: out[key] = float(value) if key == "rope_theta" else int(value)
+        except ValueError: raise argparse.ArgumentTypeError(f"{key}={value!r}: not a number") from None
+        if out[key] <= 0: raise argparse.ArgumentTypeError(f"{key}={value}: must be > 0")
+    return out
+
 # %% ../nbs/14_embedded_build.ipynb #daf1b382
 def main(argv=None):
     "`python -m domino_research.embedded_build --out DIR [--steps N] [--stages a,b]`."
@@ -558,6 +630,10 @@ def main(argv=None):
     b.add_argument("--corpus", default=str(d["corpus_source"]), help='a build folder to copy the corpus from, or "stdlib"')
     b.add_argument("--steps", type=int, default=d["steps"], help="the target's training steps")
     b.add_argument("--vocab_size", type=int, default=d["vocab_size"], help="the tokenizer's vocabulary size")
+    b.add_argument("--task", choices=TASKS, default=d["task"], help='the corpus\'s task with --corpus stdlib: "body" (the '
+                   'shipped target\'s) or "docstring" (code -> docstring, a second target)')
+    b.add_argument("--model", type=_model, default=d["model_kwargs"] or {},
+                   help="the target's shape, e.g. hidden_size=256,intermediate_size=768 (default: target_config's)")
     b.add_argument("--lr", type=number_in("(0, 1]"), default=d["lr"], help="AdamW's peak learning rate, in (0, 1]")
     b.add_argument(
         "--max_train_seconds", type=number_in("> 0"), default=d["max_train_seconds"],
@@ -579,6 +655,7 @@ def main(argv=None):
         if m.startswith("stage ") and " done in " in m: finished.append(m.split()[1])   # what Ctrl-C leaves complete
     try:
         return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
+                              task=a.task, model_kwargs=a.model or None,
                               max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
                               max_train_seconds=a.max_train_seconds, stages=a.stages, replace=a.replace, log=log)
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
