@@ -7,8 +7,8 @@ SpecForge's code is imported from a source tree given by `--specforge` (or $SPEC
 
     python runs/verify_loop_speed/specforge_bench.py [--prompts 64] [--new 128] [--repeat 3] [--breakdown]
 
-checks first that both decodes give greedy's tokens and propose the same tokens at every verify step, then times
-`--repeat` rounds of greedy, ours and SpecForge's, alternating, and prints each round's CPU seconds and each decode's
+times `--repeat` rounds of greedy, ours and SpecForge's, alternating, checks on the first that both decodes give greedy's
+tokens and propose the same tokens at every verify step, and prints each round's CPU seconds and each decode's
 efficiency (speed-up over greedy / tau), ours / SpecForge's, min / median / max over rounds. `--breakdown`: CPU ms per
 verify step in the target's layers, the LM head, the draft backbone, the Domino head's rollout, and the loop itself.
 """
@@ -124,41 +124,39 @@ def specforge_generate(sf, target, ids, new: int, stops, record: list | None = N
     return out[0, ids.shape[1]:].tolist(), calls[0]
 
 
-def check_equivalent(target, draft, sf, prompts, stops, new: int) -> dict:
-    """Both decodes give greedy's tokens, and at every verify step before ours stops both propose the same tokens (so they
-    accept alike). SpecForge may run one step more at the token cut (its loop stops on positions, ours on tokens)."""
-    from domino_research.decode import greedy_generate
-    steps = extra = 0
-    for i, ids in enumerate(prompts):
-        greedy = greedy_generate(target, ids, new, stops)
-        ours, ours_steps = ours_proposals(target, draft, ids, new, stops)
-        theirs_steps = []
-        theirs, _ = specforge_generate(sf, target, ids, new, stops, theirs_steps)
-        if not ours == theirs == greedy: raise AssertionError(f"prompt {i}: a decode is not greedy's tokens")
-        if theirs_steps[: len(ours_steps)] != ours_steps or len(theirs_steps) - len(ours_steps) not in (0, 1):
-            first = next((k for k, (a, b) in enumerate(zip(ours_steps, theirs_steps)) if a != b), None)
-            raise AssertionError(f"prompt {i}: proposals differ at verify step {first} ({len(ours_steps)} steps ours, "
-                                 f"{len(theirs_steps)} SpecForge's)")
-        steps, extra = steps + len(ours_steps), extra + len(theirs_steps) - len(ours_steps)
-    return dict(prompts=len(prompts), verify_steps=steps, specforge_extra_steps=extra)
-
-
 def run(impl: str, target, draft, sf, prompts, stops, new: int) -> dict:
-    "Decode every prompt with `impl`: CPU seconds (prefill included, loading not), new tokens, verify steps, summed."
-    from domino_research.decode import greedy_generate, speculative_generate
-    secs, toks, steps = 0.0, 0, 0
+    """Decode every prompt with `impl` (greedy, ours, specforge): CPU seconds (prefill included, loading not), new tokens
+    and verify steps summed, and per prompt the tokens and each verify step's proposals (recording them costs a list
+    append per step, the same in both decodes)."""
+    from domino_research.decode import greedy_generate
+    secs, outs, props = 0.0, [], []
     for ids in prompts:
+        steps = []
         t0 = time.process_time()
-        if impl == "ours":
-            out, st = speculative_generate(target, draft, ids, new, stops)
-            steps += st["verify_steps"]
-        elif impl == "specforge":
-            out, n = specforge_generate(sf, target, ids, new, stops)
-            steps += n
+        if impl == "ours": out, steps = ours_proposals(target, draft, ids, new, stops)
+        elif impl == "specforge": out, _ = specforge_generate(sf, target, ids, new, stops, steps)
         else: out = greedy_generate(target, ids, new, stops)
         secs += time.process_time() - t0
-        toks += len(out)
-    return dict(impl=impl, seconds=secs, tokens=toks, steps=steps)
+        outs.append(out)
+        props.append(steps)
+    return dict(impl=impl, seconds=secs, tokens=sum(map(len, outs)), steps=sum(map(len, props)), outputs=outs,
+                proposals=props)
+
+
+def check_equivalent(greedy: dict, ours: dict, theirs: dict) -> dict:
+    """Runs of the same prompts: both decodes give greedy's tokens, and at every verify step before ours stops both
+    propose the same tokens (so they accept alike). SpecForge may run one step more at the token cut (its loop stops on
+    positions, ours on tokens)."""
+    for i, (g, o, t) in enumerate(zip(greedy["outputs"], ours["outputs"], theirs["outputs"])):
+        if not o == t == g: raise AssertionError(f"prompt {i}: a decode is not greedy's tokens")
+    extra = 0
+    for i, (o, t) in enumerate(zip(ours["proposals"], theirs["proposals"])):
+        if t[: len(o)] != o or len(t) - len(o) not in (0, 1):
+            first = next((k for k, (a, b) in enumerate(zip(o, t)) if a != b), min(len(o), len(t)))
+            raise AssertionError(f"prompt {i}: proposals differ at verify step {first} ({len(o)} steps ours, "
+                                 f"{len(t)} SpecForge's)")
+        extra += len(t) - len(o)
+    return dict(prompts=len(ours["outputs"]), verify_steps=ours["steps"], specforge_extra_steps=extra)
 
 
 def summary(res: dict, n_prompts: int) -> dict:
@@ -231,15 +229,13 @@ def main(argv=None):
     if a.breakdown:
         for i in ("ours", "specforge"): print(json.dumps(breakdown(i, target, draft, sf, prompts, stops, a.new)))
         return
-    print(json.dumps(dict(check=check_equivalent(target, draft, sf, prompts, stops, a.new))))
-    impls = ["greedy", "ours", "specforge"]
-    res = {i: [] for i in impls}
-    for _ in range(a.repeat):
-        for i in impls: res[i].append(run(i, target, draft, sf, prompts, stops, a.new))
-    for i, rs in res.items():
-        print(json.dumps(dict(impl=i, seconds=[round(r["seconds"], 3) for r in rs], tokens=rs[0]["tokens"],
-                              steps=rs[0]["steps"])))
-    print(json.dumps(summary(res, len(prompts))))
+    res = {i: [] for i in ("greedy", "ours", "specforge")}
+    for k in range(a.repeat):                        # rounds alternate the three; each round's line as it ends
+        for i, rs in res.items(): rs.append(run(i, target, draft, sf, prompts, stops, a.new))
+        if k == 0: print(json.dumps(dict(check=check_equivalent(*(rs[0] for rs in res.values())))), flush=True)
+        print(json.dumps({i: dict(seconds=round(rs[-1]["seconds"], 3), tokens=rs[-1]["tokens"], steps=rs[-1]["steps"])
+                          for i, rs in res.items()}), flush=True)
+    print(json.dumps(summary(res, len(prompts))), flush=True)
 
 
 if __name__ == "__main__":
