@@ -47,10 +47,19 @@ def zlab_module(path: str):
     return zm
 
 
-def zlab_draft(zm, draft):
-    "z-lab's DFlashDraftModel holding `draft`'s backbone weights (the same tensors, the Domino head left out)."
+def peer_config(draft):
+    """A copy of `draft`'s config for a peer's draft class. The current export writes `initializer_range: -1` so that a
+    plain AutoModel load stops (notebook 31); a peer's constructor draws initial weights with it (the loaded tensors
+    replace them), so it gets a valid one."""
     cfg = type(draft.config).from_dict(draft.config.to_dict())
     cfg._attn_implementation = draft.config._attn_implementation
+    if getattr(cfg, "initializer_range", 0.02) < 0: cfg.initializer_range = 0.02
+    return cfg
+
+
+def zlab_draft(zm, draft):
+    "z-lab's DFlashDraftModel holding `draft`'s backbone weights (the same tensors, the Domino head left out)."
+    cfg = peer_config(draft)
     m = zm.DFlashDraftModel(cfg).eval()
     missing, _ = m.load_state_dict(draft.state_dict(), strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import ROOT, LegacyCropCache  # noqa: E402  (this folder's z-lab bench: its cache shim)
+from bench import ROOT, LegacyCropCache, peer_config  # noqa: E402  (this folder's z-lab bench's helpers)
 
 DOMINO = ROOT / "runs" / "ablations" / "study28" / "steps2880" / "runs" / "domino" / "seed0" / "draft_bf16"
 SNAPSHOT = "a6b6b0230009d15ec2a97a57384e6f53f0f96946"   # the SpecForge commit these figures were measured at
@@ -64,9 +64,7 @@ def check_same_head(sf, d) -> None:
 def specforge_draft(sf_domino, draft):
     "SpecForge's `DominoDraftModel` holding `draft`'s tensors (backbone and head), in `draft`'s dtype."
     from domino_research.decode import draft_dflash_config
-    cfg = type(draft.config).from_dict(draft.config.to_dict())
-    cfg._attn_implementation = draft.config._attn_implementation
-    m = sf_domino.DominoDraftModel(cfg).eval()
+    m = sf_domino.DominoDraftModel(peer_config(draft)).eval()
     sd = specforge_state_dict(draft)
     want = m.state_dict()
     shapes = {k: (tuple(sd[k].shape), tuple(want[k].shape)) for k in sd.keys() & want.keys() if sd[k].shape != want[k].shape}
