@@ -21,9 +21,19 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT = ROOT / "runs" / "serving" / "served_domino" / "draft"
+
+
+class LegacyCropCache(DynamicCache):
+    """The peers' loops (z-lab's, SpecForge's) were written for transformers 4.x, where `crop(n)` keeps the first n
+    positions; transformers 5 takes -removed."""
+    def crop(self, max_length: int):
+        if max_length < 0: return super().crop(max_length)
+        cur = self.get_seq_length()
+        if max_length < cur: super().crop(max_length - cur)
 
 
 def zlab_module(path: str):
@@ -31,24 +41,25 @@ def zlab_module(path: str):
     if not path or not (Path(path) / "dflash" / "model.py").is_file(): return None
     sys.path.insert(0, str(path))
     import dflash.model as zm
-    from transformers import DynamicCache
-
-    class LegacyCropCache(DynamicCache):
-        "z-lab pins transformers 4.57, where `crop(n)` keeps the first n positions; transformers 5 takes -removed."
-        def crop(self, max_length: int):
-            if max_length < 0: return super().crop(max_length)
-            cur = self.get_seq_length()
-            if max_length < cur: super().crop(max_length - cur)
 
     zm.DynamicCache = LegacyCropCache
     zm._cuda_time = time.perf_counter                   # its stats clock syncs CUDA; on the CPU it is the plain clock
     return zm
 
 
-def zlab_draft(zm, draft):
-    "z-lab's DFlashDraftModel holding `draft`'s backbone weights (the same tensors, the Domino head left out)."
+def peer_config(draft):
+    """A copy of `draft`'s config for a peer's draft class. The current export writes `initializer_range: -1` so that a
+    plain AutoModel load stops (notebook 31); a peer's constructor draws initial weights with it (the loaded tensors
+    replace them), so it gets a valid one."""
     cfg = type(draft.config).from_dict(draft.config.to_dict())
     cfg._attn_implementation = draft.config._attn_implementation
+    if getattr(cfg, "initializer_range", 0.02) < 0: cfg.initializer_range = 0.02
+    return cfg
+
+
+def zlab_draft(zm, draft):
+    "z-lab's DFlashDraftModel holding `draft`'s backbone weights (the same tensors, the Domino head left out)."
+    cfg = peer_config(draft)
     m = zm.DFlashDraftModel(cfg).eval()
     missing, _ = m.load_state_dict(draft.state_dict(), strict=False)
     missing = [k for k in missing if "rotary_emb" not in k]
@@ -56,7 +67,8 @@ def zlab_draft(zm, draft):
     return m.to(next(draft.parameters()).dtype)
 
 
-def load(n_prompts: int):
+def load(n_prompts: int, draft_dir: Path = DRAFT):
+    "The embedded target, the draft at `draft_dir` in fp32, the first `n_prompts` test prompts (chat template), the stops."
     from domino_research.data import stop_token_ids
     from domino_research.embedded import embedded_dataset_path, load_embedded_target
     from domino_research.export import load_draft
@@ -68,7 +80,7 @@ def load(n_prompts: int):
                                       enable_thinking=False, return_tensors="pt")
         prompts.append(ids if torch.is_tensor(ids) else ids["input_ids"])
     # fp32 like the target: z-lab feeds the target features to the draft uncast
-    return target, load_draft(DRAFT, dtype=torch.float32), prompts, stop_token_ids(tok, target)
+    return target, load_draft(draft_dir, dtype=torch.float32), prompts, stop_token_ids(tok, target)
 
 
 def run(impl: str, target, draft, zdraft, zm, prompts, stops, new: int) -> dict:
