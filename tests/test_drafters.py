@@ -47,7 +47,8 @@ def repeat_anchor():
 
 def test_a_registered_toy_drafter_runs_everywhere(repeat_anchor, tiny, tmp_path, capsys, monkeypatch):
     "Registered, and nothing else edited: bench decode, evaluate_draft and an ablation table run it, lossless."
-    from domino_research.ablations import Variant, run_ablation
+    from domino_research.ablations import run_ablation
+    from domino_research.variants import Variant
     from domino_research.bench import main
     from domino_research.evaluation import evaluate_draft
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
