@@ -513,8 +513,18 @@ def _cmd_memory(a):
     print(dumps_strict(r))
 
 # %% ../nbs/33_bench.ipynb #ac762acb
-# the options' spellings from before EvalConfig, kept: users type them
-_CLI_NAMES = {"n_prompts": "n_eval_prompts", "candidate_ks": "candidate_k"}
+# the option's spelling from before EvalConfig, kept: users type it
+_CLI_NAMES = {"n_prompts": "n_eval_prompts"}
+
+class _Once(argparse.Action):
+    """An option that may be given once: `--candidate_k` was repeatable when it named the pools decoded beside the main
+    decode (now `--candidate_ks`), so a repeat is an old command line, refused rather than read as its last value."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, f"_given_{self.dest}", False):
+            parser.error(f"argument {option_string}: given twice; it is the drafter's one candidate pool now (the pools decoded "
+                         f"beside the main decode are --candidate_ks K, repeatable)")
+        setattr(namespace, f"_given_{self.dest}", True)
+        setattr(namespace, self.dest, values)
 
 def _none_or(parse):
     "An argparse `type` for an optional value: `none` (or `null`) is None, anything else goes to `parse`."
@@ -547,7 +557,8 @@ def _add_field_option(p, f: dataclasses.Field, tp, help: str, default):
     if typing.get_origin(tp) is list:
         return p.add_argument(f"--{name}", type=_pos, action="append", default=argparse.SUPPRESS,
                               help=f"{help} (repeatable)")
-    return p.add_argument(f"--{name}", type=_option_type(f, tp), default=default, help=help)
+    once = {"action": _Once} if name == "candidate_k" else {}
+    return p.add_argument(f"--{name}", type=_option_type(f, tp), default=default, help=help, **once)
 
 def _drafter_options() -> dict[str, tuple]:
     "{setting: (field, annotation, help)} of every registered drafter's settings; the help names the drafters that have it."

@@ -677,9 +677,11 @@ class HybridDrafter:
         return props if self.temperature <= 0 else (props, one_hot_q(props, self.lookup.V))
 
     def describe(self) -> dict:
-        "{'drafter': 'hybrid', **its settings}: the rule, the draft's use_head / candidate_k, lookup's settings."
-        return dict(drafter="hybrid", rule=self.rule, use_head=self.draft.use_head, candidate_k=self.draft.candidate_k,
-                    **self.lookup.settings)
+        """{'drafter': 'hybrid', **its settings}: the rule, the trained draft inside it as the draft names itself (its
+        projector_type and shift_label, its use_head / candidate_k), lookup's settings."""
+        d = self.draft.describe()
+        return dict(drafter="hybrid", rule=self.rule, projector_type=d["projector_type"], shift_label=d["shift_label"],
+                    use_head=d["use_head"], candidate_k=d["candidate_k"], **self.lookup.settings)
 
 # %% ../nbs/30_decode.ipynb #e1f0b0a2
 @dataclass

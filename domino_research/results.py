@@ -17,9 +17,9 @@ from .comparisons import (COMPARISONS, compare, head_gain, prompt_counts, repeti
                                          spread)
 
 # %% auto #0
-__all__ = ['PROMPT_KEYS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'latency', 'result_record', 'legacy_lookup', 'upgraded_record',
-           'tau_by_repetition', 'repetition_summary', 'summarize', 'fmt_spread', 'fmt_ratio', 'comparisons_markdown',
-           'repetition_markdown', 'results_markdown', 'plot_results']
+__all__ = ['PROMPT_KEYS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'latency', 'result_record', 'legacy_lookup_spec',
+           'upgraded_record', 'tau_by_repetition', 'repetition_summary', 'summarize', 'fmt_spread', 'fmt_ratio',
+           'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results']
 
 # %% ../nbs/40c_results.ipynb #d5bedec8
 def latency(ev: dict) -> dict:
@@ -74,7 +74,7 @@ def result_record(name: str, seed: int, ev: dict, drafter: dict, changes: dict, 
 
 
 # %% ../nbs/40c_results.ipynb #b221cf09
-def legacy_lookup(rec: dict) -> dict:
+def legacy_lookup_spec(rec: dict) -> dict:
     """The drafter spec a prompt-lookup record from before the registry ran: its n range and proposal length (`changes`)
     with the project's rule for the settings added since (`PROJECT_LOOKUP`: earliest occurrence, no self-extension)."""
     return {"drafter": "lookup", **PROJECT_LOOKUP, **rec["changes"]}
@@ -84,7 +84,7 @@ def upgraded_record(rec: dict) -> dict:
     if "drafter" in rec: return rec
     legacy_lookup = rec.get("recipe") == "ngram"                      # prompt lookup, recorded as a recipe then
     return {**rec, "recipe": None if legacy_lookup else rec.get("recipe"),
-            "drafter": legacy_lookup(rec) if legacy_lookup else {"drafter": "draft"}}
+            "drafter": legacy_lookup_spec(rec) if legacy_lookup else {"drafter": "draft"}}
 
 # %% ../nbs/40c_results.ipynb #4786f8a1
 SEED_KEYS = (

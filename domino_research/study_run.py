@@ -19,7 +19,7 @@ from .target import load_target, load_tokenizer
 from .lifecycle import list_checkpoints
 from .train import DFlashTrainConfig, load_train_config, main
 from .variants import trains_draft
-from .results import legacy_lookup, result_record, upgraded_record
+from .results import legacy_lookup_spec, result_record, upgraded_record
 
 # %% auto #0
 __all__ = ['FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE', 'file_digest', 'source_digest', 'read_json', 'delete_weights',
@@ -179,11 +179,11 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
 def _same_run(done: Optional[dict], fp: dict) -> bool:
     """Whether stored record `done` ran with fingerprint `fp`. A prompt-lookup record from before the drafter registry
     (recipe "ngram", its settings in `changes`, no drafter in its fingerprint) ran the `lookup` drafter with those settings
-    and the project's rule (`legacy_lookup`)."""
+    and the project's rule (`legacy_lookup_spec`)."""
     if done is None: return False
     stored = done.get("fingerprint") or {}
     if done.get("recipe") == "ngram" and "drafter" not in stored.get("evaluation", {}):
-        stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": legacy_lookup(done)}}
+        stored = {**stored, "evaluation": {**stored["evaluation"], "drafter": legacy_lookup_spec(done)}}
     return stored == fp
 
 def finished_record(**task) -> Optional[dict]:
