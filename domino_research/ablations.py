@@ -24,8 +24,7 @@ from .results import latency, plot_results, results_markdown, summarize, upgrade
 from .study_run import PROMPT_SAMPLE, TargetCache, finished_record, read_json, run_one
 
 # %% auto #0
-__all__ = ['STOP_GRACE_S', 'time_kept_drafts', 'run_key', 'timed_every_run', 'with_timed_latency', 'plan_ablation',
-           'run_ablation']
+__all__ = ['time_kept_drafts', 'plan_ablation', 'run_ablation']
 
 # %% ../nbs/40e_ablations.ipynb #35f6d700
 def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:

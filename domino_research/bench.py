@@ -35,8 +35,7 @@ from .loss import chunked_dual_ce, naive_dual_ce
 from .memory import measure_config, memory_run_config, memory_table, sdpa_mask_bytes
 
 # %% auto #0
-__all__ = ['VARIANTS', 'MAX_PROCESSES', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
-           'synthetic_chat_rows', 'write_synthetic_chats', 'data_step', 'bench_data']
+__all__ = ['VARIANTS', 'main']
 
 # %% ../nbs/33_bench.ipynb #b943c889
 def make_loss_inputs(T: int, V: int, H: int, E: int, G: int, dtype=torch.float32, device="cpu", seed: int = 0,

@@ -14,7 +14,7 @@ from .results import fmt_ratio, fmt_spread
 from .ablations import run_ablation
 
 # %% auto #0
-__all__ = ['budget_summary', 'budget_markdown', 'plot_budget', 'run_budget_curve']
+__all__ = ['run_budget_curve']
 
 # %% ../nbs/40f_budget.ipynb #e29ed78a
 def budget_summary(tables: dict) -> dict:

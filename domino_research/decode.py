@@ -17,17 +17,11 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'LOOKUP_OCCURRENCES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS',
-           'HYBRID_DEFAULT_RULE', 'HYBRID_RULES', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache',
-           'plain_generate', 'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled',
-           'sample_generate', 'StepTimer', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class',
-           'drafter_settings', 'build_drafter', 'drafter_generate', 'proposal_slots', 'draft_dflash_config',
-           'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits',
-           'DraftProposer', 'DraftSettings', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
-           'check_lookup_params', 'lookup_propose', 'one_hot_q', 'LookupDrafter', 'LookupSettings', 'ngram_generate',
-           'HybridDrafter', 'HybridSettings', 'hybrid_generate', 'check_eagle3_fits', 'Eagle3Proposer',
-           'Eagle3Settings', 'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate',
-           'same_acceptance']
+__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS', 'HYBRID_DEFAULT_RULE', 'HYBRID_RULES',
+           'decoder_layers', 'crop_cache', 'plain_generate', 'greedy_generate', 'sample_generate', 'StepTimer',
+           'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings', 'build_drafter',
+           'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'ngram_propose',
+           'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -727,7 +721,7 @@ def hybrid_generate(target, draft, input_ids, max_new_tokens: int, stop_token_id
     return out, stats | dict(chosen=dict(hybrid.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded
-from .eagle3 import Eagle3Cache, Eagle3DraftModel
+from domino_research.eagle3 import Eagle3Cache, Eagle3DraftModel
 
 def check_eagle3_fits(draft: Eagle3DraftModel, target) -> list[int]:
     "Raise ConfigError naming the mismatch if the EAGLE-3 `draft` cannot decode with `target`; returns its fused layers."

@@ -15,7 +15,7 @@ from .config import ConfigError
 from .variants import VARIANTS, Variant
 
 # %% auto #0
-__all__ = ['with_learning_rate', 'lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from']
+__all__ = ['lr_sweep', 'with_learning_rates', 'best_learning_rates', 'learning_rates_from']
 
 # %% ../nbs/40a_rates.ipynb #b2fd4bda
 def with_learning_rate(variant: Variant, lr: float) -> Variant:

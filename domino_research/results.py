@@ -17,9 +17,8 @@ from .comparisons import (COMPARISONS, compare, head_gain, prompt_counts, repeti
                                          spread)
 
 # %% auto #0
-__all__ = ['PROMPT_KEYS', 'SEED_KEYS', 'LATENCY_KEYS', 'THIRDS', 'latency', 'result_record', 'legacy_lookup_spec',
-           'upgraded_record', 'tau_by_repetition', 'repetition_summary', 'summarize', 'fmt_spread', 'fmt_ratio',
-           'comparisons_markdown', 'repetition_markdown', 'results_markdown', 'plot_results']
+__all__ = ['SEED_KEYS', 'LATENCY_KEYS', 'latency', 'result_record', 'legacy_lookup_spec', 'upgraded_record', 'tau_by_repetition',
+           'summarize', 'fmt_spread', 'fmt_ratio', 'results_markdown', 'plot_results']
 
 # %% ../nbs/40c_results.ipynb #d5bedec8
 def latency(ev: dict) -> dict:

@@ -22,8 +22,8 @@ from .variants import trains_draft
 from .results import legacy_lookup_spec, result_record, upgraded_record
 
 # %% auto #0
-__all__ = ['FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE', 'file_digest', 'source_digest', 'read_json', 'delete_weights',
-           'keep_draft', 'TargetCache', 'stopwatch', 'finished_record', 'run_one']
+__all__ = ['FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE', 'file_digest', 'read_json', 'keep_draft', 'TargetCache',
+           'finished_record', 'run_one']
 
 # %% ../nbs/40d_study_run.ipynb #0c0fa885
 _WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume", "save_every_steps", "keep_checkpoints",
@@ -82,7 +82,7 @@ def read_json(path: Path) -> Optional[dict]:
     except (OSError, ValueError): return None
 
 # %% ../nbs/40d_study_run.ipynb #7938c533
-from .export import KEPT_DRAFT   # a run's kept draft (draft_bf16/): about 1.5 MB for the embedded recipe
+from domino_research.export import KEPT_DRAFT   # a run's kept draft (draft_bf16/): about 1.5 MB for the embedded recipe
 
 def delete_weights(run_dir) -> list[Path]:
     "Remove a run's checkpoints and every *.safetensors under it but its kept draft (results stay); returns what was removed."
