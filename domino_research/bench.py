@@ -515,16 +515,6 @@ def _cmd_memory(a):
 # the option's spelling from before EvalConfig, kept: users type it
 _CLI_NAMES = {"n_prompts": "n_eval_prompts"}
 
-class _Once(argparse.Action):
-    """An option that may be given once: `--candidate_k` was repeatable when it named the pools decoded beside the main
-    decode (now `--candidate_ks`), so a repeat is an old command line, refused rather than read as its last value."""
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, f"_given_{self.dest}", False):
-            parser.error(f"argument {option_string}: given twice; it is the drafter's one candidate pool now (the pools decoded "
-                         f"beside the main decode are --candidate_ks K, repeatable)")
-        setattr(namespace, f"_given_{self.dest}", True)
-        setattr(namespace, self.dest, values)
-
 def _none_or(parse):
     "An argparse `type` for an optional value: `none` (or `null`) is None, anything else goes to `parse`."
     return lambda s: None if s.lower() in ("none", "null") else parse(s)
@@ -556,8 +546,7 @@ def _add_field_option(p, f: dataclasses.Field, tp, help: str, default):
     if typing.get_origin(tp) is list:
         return p.add_argument(f"--{name}", type=_pos, action="append", default=argparse.SUPPRESS,
                               help=f"{help} (repeatable)")
-    once = {"action": _Once} if name == "candidate_k" else {}
-    return p.add_argument(f"--{name}", type=_option_type(f, tp), default=default, help=help, **once)
+    return p.add_argument(f"--{name}", type=_option_type(f, tp), default=default, help=help)
 
 def _drafter_options() -> dict[str, tuple]:
     "{setting: (field, annotation, help)} of every registered drafter's settings; the help names the drafters that have it."
