@@ -35,8 +35,7 @@ from .loss import chunked_dual_ce, naive_dual_ce
 from .memory import measure_config, memory_run_config, memory_table, sdpa_mask_bytes
 
 # %% auto #0
-__all__ = ['VARIANTS', 'MAX_PROCESSES', 'make_loss_inputs', 'check_fits', 'loss_variant', 'bench_loss', 'main',
-           'synthetic_chat_rows', 'write_synthetic_chats', 'data_step', 'bench_data']
+__all__ = ['VARIANTS', 'main']
 
 # %% ../nbs/33_bench.ipynb #b943c889
 def make_loss_inputs(T: int, V: int, H: int, E: int, G: int, dtype=torch.float32, device="cpu", seed: int = 0,
@@ -513,8 +512,8 @@ def _cmd_memory(a):
     print(dumps_strict(r))
 
 # %% ../nbs/33_bench.ipynb #ac762acb
-# the options' spellings from before EvalConfig, kept: users type them
-_CLI_NAMES = {"n_prompts": "n_eval_prompts", "candidate_ks": "candidate_k"}
+# the option's spelling from before EvalConfig, kept: users type it
+_CLI_NAMES = {"n_prompts": "n_eval_prompts"}
 
 def _none_or(parse):
     "An argparse `type` for an optional value: `none` (or `null`) is None, anything else goes to `parse`."

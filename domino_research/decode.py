@@ -17,17 +17,11 @@ from transformers import DynamicCache
 from .config import ConfigError, DFlashConfig
 
 # %% auto #0
-__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'MAX_VERIFY_WIDTH', 'LOOKUP_OCCURRENCES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS',
-           'HYBRID_DEFAULT_RULE', 'HYBRID_RULES', 'ENGINE_PATHS', 'decoder_layers', 'LayerCapture', 'crop_cache',
-           'plain_generate', 'greedy_generate', 'accepted_prefix_len', 'token_probs', 'sample_from', 'verify_sampled',
-           'sample_generate', 'StepTimer', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class',
-           'drafter_settings', 'build_drafter', 'drafter_generate', 'proposal_slots', 'draft_dflash_config',
-           'corrected_argmax', 'domino_rollout', 'corrected_logits', 'sampled_proposals', 'check_draft_fits',
-           'DraftProposer', 'DraftSettings', 'speculative_generate', 'check_ngram_params', 'ngram_propose',
-           'check_lookup_params', 'lookup_propose', 'one_hot_q', 'LookupDrafter', 'LookupSettings', 'ngram_generate',
-           'HybridDrafter', 'HybridSettings', 'hybrid_generate', 'check_eagle3_fits', 'Eagle3Proposer',
-           'Eagle3Settings', 'eagle3_generate', 'engine_proposal_slots', 'EngineProposer', 'engine_generate',
-           'same_acceptance']
+__all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS', 'HYBRID_DEFAULT_RULE', 'HYBRID_RULES',
+           'decoder_layers', 'crop_cache', 'plain_generate', 'greedy_generate', 'sample_generate', 'StepTimer',
+           'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings', 'build_drafter',
+           'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'ngram_propose',
+           'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -677,9 +671,11 @@ class HybridDrafter:
         return props if self.temperature <= 0 else (props, one_hot_q(props, self.lookup.V))
 
     def describe(self) -> dict:
-        "{'drafter': 'hybrid', **its settings}: the rule, the draft's use_head / candidate_k, lookup's settings."
-        return dict(drafter="hybrid", rule=self.rule, use_head=self.draft.use_head, candidate_k=self.draft.candidate_k,
-                    **self.lookup.settings)
+        """{'drafter': 'hybrid', **its settings}: the rule, the trained draft inside it as the draft names itself (its
+        projector_type and shift_label, its use_head / candidate_k), lookup's settings."""
+        d = self.draft.describe()
+        return dict(drafter="hybrid", rule=self.rule, projector_type=d["projector_type"], shift_label=d["shift_label"],
+                    use_head=d["use_head"], candidate_k=d["candidate_k"], **self.lookup.settings)
 
 # %% ../nbs/30_decode.ipynb #e1f0b0a2
 @dataclass
@@ -725,7 +721,7 @@ def hybrid_generate(target, draft, input_ids, max_new_tokens: int, stop_token_id
     return out, stats | dict(chosen=dict(hybrid.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded
-from .eagle3 import Eagle3Cache, Eagle3DraftModel
+from domino_research.eagle3 import Eagle3Cache, Eagle3DraftModel
 
 def check_eagle3_fits(draft: Eagle3DraftModel, target) -> list[int]:
     "Raise ConfigError naming the mismatch if the EAGLE-3 `draft` cannot decode with `target`; returns its fused layers."

@@ -17,10 +17,8 @@ from .draft import DFlashRotaryEmbedding, apply_rope, rope_parameters
 from .loss import accept_len, chunked_dual_ce
 
 # %% auto #0
-__all__ = ['eagle3_layer_ids', 'check_eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Attention', 'ttt_attention',
-           'Eagle3DecoderLayer', 'Eagle3Cache', 'draft_layer_ids', 'Eagle3DraftModel', 'ttt_input_ids',
-           'ttt_label_index', 'ttt_feature', 'ttt_positions', 'ttt_context_mask', 'ttt_targets', 'ttt_hidden_states',
-           'Eagle3Trainer']
+__all__ = ['check_eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Cache', 'draft_layer_ids', 'Eagle3DraftModel',
+           'ttt_hidden_states', 'Eagle3Trainer']
 
 # %% ../nbs/20_eagle3.ipynb #1e0cb1cb
 def eagle3_layer_ids(num_target_layers: int) -> list[int]:

@@ -234,6 +234,7 @@ class EvalConfig:
     max_new_tokens: int = ranged(128, ">= 1")  # new tokens decoded per prompt
     temperature: float = ranged(0.0, ">= 0", "0 = greedy")  # > 0: speculative sampling (lossless in distribution)
     sample_seed: int = ranged(0, ">= 0")  # seed of the draws at temperature > 0
+    candidate_k: int = ranged(0, ">= 0", "0 = the whole vocabulary")  # Domino head (draft, hybrid): re-rank the base's top-K only
     candidate_ks: list[int] = field(default_factory=list)  # Domino drafts: also decode with these top-K candidate pools
     warmup: int = ranged(1, ">= 0")  # prompts decoded first, untimed (lazy initialisation)
     trust_remote_code: bool = False  # run the Python a target folder ships (auto_map): only code you have read
@@ -249,6 +250,11 @@ def eval_settings(settings: dict, where: str = "evaluate_draft") -> tuple[EvalCo
     bad = sorted(set(rest) - {f.name for f in dataclasses.fields(cls.Settings)})
     if bad: raise ConfigError(f"{where}: {bad[0]!r} is neither an evaluation key nor a setting of drafter {cls.name!r} "
                               f"(its settings: {', '.join(f.name for f in dataclasses.fields(cls.Settings)) or 'none'})")
+    if cfg.candidate_k:              # an evaluation option like temperature, handed to the drafter whose setting it is
+        if "candidate_k" not in {f.name for f in dataclasses.fields(cls.Settings)}:
+            raise ConfigError(f"{where}: candidate_k {cfg.candidate_k}: a candidate pool is re-ranked by the Domino head, "
+                              f"which drafter {cls.name!r} does not have; drop candidate_k")
+        rest["candidate_k"] = cfg.candidate_k
     drafter_settings(cls, rest, f"{where}: drafter {cls.name!r}")
     if cfg.candidate_ks and not hasattr(cls, "companions"):
         raise ConfigError(f"{where}: candidate_ks {cfg.candidate_ks}: a candidate pool is re-ranked by the Domino head, which "

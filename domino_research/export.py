@@ -24,12 +24,9 @@ from .data import chat_cache_key
 from .embedded import resolve_data_path, resolve_target_path
 
 # %% auto #0
-__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'NO_RANDOM_INIT', 'EXPORT_FILES', 'SERVING_ENGINES', 'EAGLE3_LAYER_KEYS',
-           'EAGLE3_EXPORT_KEYS', 'draft_weight_names', 'read_draft_config', 'read_safetensors_header',
-           'check_draft_folder', 'load_draft', 'find_draft_dir', 'modeling_source', 'weights_dtype',
-           'target_files_sha256', 'target_identity', 'make_readable', 'self_description_problems', 'serving_summary',
-           'model_card', 'generation_config', 'describe_draft', 'export_config', 'check_export_dir', 'export_draft',
-           'push_draft', 'serving_problems', 'read_figures', 'describe_run_draft', 'eagle3_serving_config',
+__all__ = ['KEPT_DRAFT', 'AUTO_MAP', 'NO_RANDOM_INIT', 'SERVING_ENGINES', 'read_draft_config', 'check_draft_folder', 'load_draft',
+           'find_draft_dir', 'modeling_source', 'target_files_sha256', 'self_description_problems', 'generation_config',
+           'describe_draft', 'export_draft', 'push_draft', 'serving_problems', 'read_figures', 'describe_run_draft',
            'export_eagle3_draft', 'load_eagle3_export']
 
 # %% ../nbs/31_export.ipynb #4db17a87
@@ -578,7 +575,7 @@ def describe_run_draft(cfg, tokenizer=None, target_fingerprint: str | None = Non
     return describe_draft(cfg.run_dir / "draft", {k: v for k, v in info.items() if v not in (None, {})})
 
 # %% ../nbs/31_export.ipynb #1cda9794
-from .eagle3 import Eagle3DraftModel, check_eagle3_layer_ids, draft_layer_ids
+from domino_research.eagle3 import Eagle3DraftModel, check_eagle3_layer_ids, draft_layer_ids
 
 EAGLE3_LAYER_KEYS = ([f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"]
                      + [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]

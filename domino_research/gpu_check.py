@@ -30,15 +30,11 @@ from .evaluation import encode_prompt, evaluate_draft, read_prompts, sample_prom
 from .export import load_draft
 
 # %% auto #0
-__all__ = ['NO_GPU', 'PARITY_LOSS_TOL', 'PARITY_GRAD_TOL', 'QWEN3_8B_STEP', 'TINY_STEP', 'STEP_PEAK_MARGIN', 'MULTI_GPU_CHECKS',
-           'MULTI_GPU_LOSS_TOL', 'TIE_MARGIN', 'MIN_TAU', 'PARTS', 'COMPILE_S', 'MAX_COMPILES', 'STARTUP_S', 'TOTAL_S',
-           'BUDGET', 'PartTimeout', 'compiled_graphs', 'cpu_seconds', 'run_part', 'report_line', 'expected_gpu',
-           'torch_build', 'cuda_usable', 'gpu_gate', 'gpu_notebooks', 'run_gpu_notebooks', 'random_qwen3',
-           'domino_draft', 'random_batch', 'domino_loss', 'parity_batch', 'parity_run', 'parity_verdict',
-           'flex_sdpa_parity', 'step_config', 'predict_step_peak', 'peak_verdict', 'step_cost', 'tiny_run_config',
-           'shard_plan', 'kill_and_resume', 'multi_gpu_skip', 'multi_gpu', 'not_checked', 'shipped_draft_dir',
-           'first_difference', 'top2_gap', 'compare_with_ties', 'decode_efficiency', 'flex_graphs', 'part_limit',
-           'budget_table', 'print_budget', 'main']
+__all__ = ['NO_GPU', 'PARITY_LOSS_TOL', 'PARITY_GRAD_TOL', 'STEP_PEAK_MARGIN', 'MULTI_GPU_CHECKS', 'MULTI_GPU_LOSS_TOL', 'PARTS',
+           'COMPILE_S', 'MAX_COMPILES', 'STARTUP_S', 'TOTAL_S', 'BUDGET', 'PartTimeout', 'gpu_gate', 'random_qwen3',
+           'domino_draft', 'parity_batch', 'parity_run', 'parity_verdict', 'flex_sdpa_parity', 'step_config',
+           'predict_step_peak', 'peak_verdict', 'step_cost', 'tiny_run_config', 'kill_and_resume', 'multi_gpu_skip',
+           'multi_gpu', 'not_checked', 'decode_efficiency', 'flex_graphs', 'part_limit', 'main']
 
 # %% ../nbs/35_gpu_check.ipynb #e464a638
 NO_GPU = "gpu_check: no CUDA device on this machine, so no GPU check ran (run `make gpu-check` where a GPU is visible)"

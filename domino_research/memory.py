@@ -26,9 +26,8 @@ from .train_config import RECIPE_CONFIGS, DFlashTrainConfig, load_train_config, 
 
 # %% auto #0
 __all__ = ['QWEN3_8B_CONFIG_DIR', 'GiB', 'CUDA_CONTEXT_BYTES', 'NCCL_BYTES', 'FRAGMENTATION', 'CATEGORIES', 'NO_DATA',
-           'memory_target_config', 'RealIntegers', 'allowance', 'memory_config', 'sdpa_mask_bytes', 'measure_memory',
-           'memory_table', 'memory_run_config', 'measure_config', 'estimate_step_memory', 'format_memory',
-           'estimate_memory']
+           'memory_target_config', 'allowance', 'memory_config', 'sdpa_mask_bytes', 'measure_memory', 'memory_table',
+           'memory_run_config', 'measure_config', 'format_memory', 'estimate_memory']
 
 # %% ../nbs/22_memory.ipynb #mem00006
 QWEN3_8B_CONFIG_DIR = Path(domino_research.__file__).parent / "assets" / "qwen3_8b"

@@ -105,7 +105,7 @@ def test_papermill_budget_curve(tiny, tmp_path):
 
 def test_learning_rate_sweep_then_the_chosen_rates(tiny, tmp_path):
     "An LR sweep through the driver, its best rate per variant written to a file, and a table trained at that rate."
-    from domino_research.ablations import best_learning_rates
+    from domino_research.rates import best_learning_rates
     configs = yaml.safe_dump(tiny_configs(tiny, tmp_path))
     kw = dict(variants="domino", steps=1, n_eval_prompts=2, max_new_tokens=8, prompts=str(tiny["root"] / "val.jsonl"),
               configs=configs)
@@ -227,7 +227,7 @@ def test_study_py_resolves_its_folders_from_its_own_location(tmp_path):
 def test_stored_study_runs_keep_their_identity():
     """Today's code computes, for the settings of every kept study-28 run, the fingerprint that run stored: a config key
     added since (a new default that changes nothing for these runs) must not make 18 hours of finished runs look stale."""
-    from domino_research.ablations import _fingerprint
+    from domino_research.study_run import _fingerprint
     from domino_research.train_config import load_train_config
     stored_runs = sorted((REPO / "runs/ablations/study28").glob("*/runs/*/seed*/trained.json"))
     assert len(stored_runs) >= 30, stored_runs
@@ -244,7 +244,9 @@ def test_stored_study_lookup_runs_are_finished():
     self-extension) are found finished by the task `run_ablation` builds today: the variant pins the project's rule, which
     is what those runs decoded with. A variant that left the new settings to the `lookup` drafter's swept defaults would
     re-decode all three (its drafter differs), and so would a variant that did not name them at all."""
-    from domino_research.ablations import VARIANTS, finished_record, plan_ablation
+    from domino_research.ablations import plan_ablation
+    from domino_research.study_run import finished_record
+    from domino_research.variants import VARIANTS
     from domino_research.decode import LOOKUP_DEFAULTS
     out, (config, overrides, changes, _) = STUDY28 / "steps2880", plan_ablation(["ngram"], None, None, None, VARIANTS)["ngram"]
     def task(seed, drafter):

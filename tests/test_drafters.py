@@ -47,7 +47,8 @@ def repeat_anchor():
 
 def test_a_registered_toy_drafter_runs_everywhere(repeat_anchor, tiny, tmp_path, capsys, monkeypatch):
     "Registered, and nothing else edited: bench decode, evaluate_draft and an ablation table run it, lossless."
-    from domino_research.ablations import Variant, run_ablation
+    from domino_research.ablations import run_ablation
+    from domino_research.variants import Variant
     from domino_research.bench import main
     from domino_research.evaluation import evaluate_draft
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
@@ -109,18 +110,21 @@ KEPT_DOMINO = REPO / "runs" / "ablations" / "study28" / "steps2880" / "runs" / "
 
 def test_bench_decode_hybrid_on_a_kept_draft(capsys, monkeypatch):
     """`bench decode --drafter hybrid` with study 28's kept seed-0 Domino draft on the embedded target: prompt lookup and
-    the trained draft in one loop, every prompt's tokens the target's greedy ones; the record is the hybrid's settings,
-    lookup's the swept defaults, and proposals were accepted (τ > 1)."""
+    the trained draft in one loop, every prompt's tokens the target's greedy ones; the record is the hybrid's settings
+    with the draft inside it named (projector_type, shift_label) and `--candidate_k` handed to it, lookup's the swept
+    defaults, and proposals were accepted (τ > 1)."""
     from domino_research.bench import main
     from domino_research.decode import HYBRID_DEFAULT_RULE, LOOKUP_DEFAULTS
     if not (KEPT_DOMINO / "draft_bf16").is_dir(): pytest.skip(f"no kept draft in {KEPT_DOMINO}")
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)       # in-process: leave the test process's threads alone
     main(["decode", "--drafter", "hybrid", "--draft", str(KEPT_DOMINO), "--n_eval_prompts", "3", "--max_new_tokens", "32",
-          "--warmup", "0", "--per_prompt", "--json"])
+          "--warmup", "0", "--candidate_k", "64", "--per_prompt", "--json"])
     res = json.loads(capsys.readouterr().out)
     assert res["lossless"] is True and all(r["lossless_spec"] for r in res["per_prompt"]), res["per_prompt"]
-    assert res["drafter"] == {"drafter": "hybrid", "rule": HYBRID_DEFAULT_RULE, "use_head": True, "candidate_k": 0,
-                              **LOOKUP_DEFAULTS}
+    # the record names the trained draft inside the hybrid, and --candidate_k reached it
+    assert res["drafter"] == {"drafter": "hybrid", "rule": HYBRID_DEFAULT_RULE, "projector_type": "domino",
+                              "shift_label": True, "use_head": True, "candidate_k": 64, **LOOKUP_DEFAULTS}
+    assert (res["projector_type"], res["shift_label"]) == ("domino", True)
     assert res["block_size"] == 16 and res["tau"] > 1, res["tau"]
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from domino_research.ablations import (best_learning_rates, learning_rates_from, lr_sweep, run_ablation, time_kept_drafts,
-                                       with_learning_rates)
+from domino_research.ablations import run_ablation, time_kept_drafts
+from domino_research.rates import best_learning_rates, learning_rates_from, lr_sweep, with_learning_rates
 
 STUDY = Path(__file__).resolve().parent     # not the current folder: `rates` elsewhere would start the sweep anew there
 COMMAND = f"python {STUDY / 'study.py'}"
