@@ -61,7 +61,7 @@ def test_projection_formula():
 
 def test_tiny_run(tmp_path):
     out = tmp_path / "latency.json"
-    cmd = [sys.executable, str(SCRIPT), "--tiny", "--reps", "2", "--check_layers", "--out", str(out)]
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--reps", "2", "--check_layers", "--tau", "dflash=2", "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -71,3 +71,7 @@ def test_tiny_run(tmp_path):
         line = res["lines"][str(res["draft"][name]["block_size"])]
         assert p["t_verify"] == pytest.approx(line["intercept"] + 36 * line["slope"])
         assert p["per_tau"] == pytest.approx(p["t_plain"] / (p["t_draft"] + p["t_verify"]))
+    assert res["projection"]["dflash"]["speed_up"] == pytest.approx(2 * res["projection"]["dflash"]["per_tau"])
+    assert "speed_up" not in res["projection"]["domino"]           # no τ given: the factor only, no invented figure
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--tau", "domino"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "DRAFTER=TAU" in bad.stderr.strip().splitlines()[-1]

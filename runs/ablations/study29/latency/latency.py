@@ -159,16 +159,26 @@ def _crop_draft(drafter, length: int):
     else: crop_cache(drafter.cache, length)
 
 
+CHECK_TOLERANCE = 0.10        # a line more than 10 % off a measured layer count is flagged: identical layers cost alike
+
+
+def _check(fit: float, measured: float) -> dict:
+    "The line's value at a measured layer count beside the measurement, and how far off it is (relative)."
+    return dict(fit=fit, measured=measured, rel_err=fit / measured - 1)
+
+
 # ---- the run --------------------------------------------------------------------------------------------------------
 def run(args) -> dict:
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     full = target_config(json.loads(QWEN3_8B.read_text())["num_hidden_layers"], args.tiny)
-    T, res = full.num_hidden_layers, dict(args=vars(args), verify={}, draft={}, lines={}, projection={})
+    T, res = full.num_hidden_layers, dict(args=vars(args), params={}, verify={}, draft={}, lines={},
+                                     projection={})
     blocks = sorted({1, *args.blocks})
     for n in args.layers + args.check_layers:
         target = random_target(n, args.tiny, dtype)
         cache = context_cache(target, args.context)
+        res["params"][str(n)] = sum(p.numel() for p in target.parameters())   # (a memory-bound step reads them all)
         for b in blocks:
             res["verify"].setdefault(str(b), {})[str(n)] = verify_seconds(target, cache, b, args.reps)
             print(f"verify  layers {n}  block {b:3d}: {res['verify'][str(b)][str(n)] * 1e3:9.2f} ms", flush=True)
@@ -181,20 +191,27 @@ def run(args) -> dict:
                 d = build_drafter(spec, stand_in, draft=draft, timer=timer)
                 res["draft"][name] = dict(seconds=draft_seconds(d, full.hidden_size, args.context, args.new, args.reps,
                                                                 timer=timer), block_size=d.block_size,
+                                          params=0 if draft is None else sum(p.numel() for p in draft.parameters()),
                                           sections={k: v / (args.reps + 1) for k, v in timer.seconds.items()})
                 print(f"draft   {name:7s} block {d.block_size:3d}: {res['draft'][name]['seconds'] * 1e3:9.2f} ms", flush=True)
                 del d, draft
-        del target
+            del stand_in
+        del target, cache                                       # freed before the next (larger) target is built
     for b in blocks:
         line = fit_line(args.layers, [res["verify"][str(b)][str(n)] for n in args.layers])
         res["lines"][str(b)] = dict(intercept=line[0], slope=line[1], projected={str(T): at_layers(line, T)},
-                                    check={str(n): dict(fit=at_layers(line, n), measured=res["verify"][str(b)][str(n)])
+                                    check={str(n): _check(at_layers(line, n), res["verify"][str(b)][str(n)])
                                            for n in args.check_layers})
+        for n, c in res["lines"][str(b)]["check"].items():
+            flag = "" if abs(c["rel_err"]) <= CHECK_TOLERANCE else "  <- off the line: a busy machine? rerun on a quiet one"
+            print(f"check   layers {n}  block {b:3d}: line {c['fit'] * 1e3:9.2f} ms, measured {c['measured'] * 1e3:9.2f} ms "
+                  f"({c['rel_err']:+.1%}){flag}", flush=True)
     t_plain = res["lines"]["1"]["projected"][str(T)]
     for name, d in res["draft"].items():
         t_verify = at_layers((res["lines"][str(d["block_size"])]["intercept"], res["lines"][str(d["block_size"])]["slope"]), T)
-        res["projection"][name] = dict(t_draft=d["seconds"], t_verify=t_verify, t_plain=t_plain,
-                                       **projection(t_plain, d["seconds"], t_verify))
+        proj = res["projection"][name] = dict(t_draft=d["seconds"], t_verify=t_verify, t_plain=t_plain,
+                                              **projection(t_plain, d["seconds"], t_verify))
+        if name in args.tau: proj |= dict(tau=args.tau[name], speed_up=args.tau[name] * proj["per_tau"])
         print(f"project {name:7s}: speed-up = τ × {res['projection'][name]['per_tau']:.3f} "
               f"(break-even τ {res['projection'][name]['break_even_tau']:.2f})", flush=True)
     return res
@@ -211,10 +228,22 @@ def parse(argv=None):
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before the step")
     p.add_argument("--new", type=int, default=4, help="positions the last verify accepted (the draft step's new features)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per step (the median is kept)")
+    p.add_argument("--tau", nargs="*", default=[], metavar="DRAFTER=TAU",
+                   help="a measured τ per drafter (e.g. domino=2.65): its projected speed-up is written beside the factor")
     p.add_argument("--out", default=str(Path(__file__).with_name("latency.json")))
     args = p.parse_args(argv)
     if any(n < 1 for n in args.layers + args.check_layers): p.error("--layers/--check_layers: layer counts must be >= 1")
+    args.tau = dict(_tau(p, t) for t in args.tau)
     return args
+
+
+def _tau(p, text: str) -> tuple[str, float]:
+    "('domino', 2.65) from 'domino=2.65'; a one-line usage error otherwise."
+    name, _, value = text.partition("=")
+    try: tau = float(value)
+    except ValueError: tau = float("nan")
+    if not name or not tau >= 1: p.error(f"--tau {text!r}: write DRAFTER=TAU with τ >= 1 (tokens per verify), e.g. domino=2.65")
+    return name, tau
 
 
 def main(argv=None):
