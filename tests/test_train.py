@@ -84,7 +84,10 @@ VALIDATION_CASES = [(False, False), (True, False), (True, True)]    # (shard_tar
 PACKED = {"packing": True, "seq_length": 192}
 
 
-@pytest.fixture(scope="module")
+# Session scope: at most one launch per worker. Under pytest 9.2 with xdist 3.8, `--dist loadgroup` does not keep an
+# xdist_group on one worker (xdist renames item._nodeid, pytest 9 reads item._id), and a module fixture is set up
+# again whenever another module's test runs between two of its tests on a worker: four launches in a full run.
+@pytest.fixture(scope="session")
 def two_ranks(tiny, tmp_path_factory):
     """Every two-rank evaluation and training of the tests below, in one launch (tests/_recipe_worker.py `jobs`): a launch
     of two ranks costs ~15 s of imports and process-group set-up, and the recipes it runs one after another each build
@@ -110,7 +113,7 @@ def two_ranks(tiny, tmp_path_factory):
     return {"ranks": {name: [r[name] for r in ranks] for name in jobs}, "runs": root / "runs"}
 
 
-@pytest.mark.xdist_group("two_ranks")                           # one worker runs the launch all of them read
+@pytest.mark.xdist_group("two_ranks")                           # one worker for the launch they read (see two_ranks)
 @pytest.mark.parametrize("shard,packing", VALIDATION_CASES)
 def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, two_ranks, shard, packing):
     """Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank;
