@@ -1,5 +1,7 @@
 """Run by tests under `torchrun` (or plain python): build a recipe from a YAML config, then `eval` or `train`; write
-per-rank JSON. `cli`: the training command line, each rank with its own output_dir; `stall`: rank 1 never joins."""
+per-rank JSON. `jobs`: several of those, one after another in one launch (each recipe builds its own target, data and
+draft; the process group is the launch's); `cli`: the training command line, each rank with its own output_dir; `stall`:
+rank 1 never joins."""
 import json, os, sys
 from pathlib import Path
 
@@ -20,6 +22,18 @@ if mode == "stall":   # rank 1 never reaches the first collective: rank 0 must g
         print(f"gave up after {time.time() - t0:.1f} s: {type(e).__name__}", flush=True)
         os._exit(3)
     os._exit(0)
+if mode == "jobs":    # several evaluations and trainings in one launch, in order: [[name, "eval" | "train", config], ...]
+    results, recipe = {}, None
+    for name, job, path in json.loads(config_path):
+        cfg = load_train_config(path)
+        recipe = RECIPES[cfg.recipe](cfg).setup()
+        results[name] = {"world": recipe.accelerator.num_processes, **(recipe.validate() if job == "eval" else recipe.run())}
+        recipe.lock and recipe.lock.release()
+        recipe.accelerator.wait_for_everyone()
+    (out_dir / f"rank{recipe.accelerator.process_index}.json").write_text(json.dumps(results))
+    recipe.accelerator.wait_for_everyone()
+    recipe.close()
+    sys.exit(0)
 cfg = load_train_config(config_path)
 recipe = RECIPES[cfg.recipe](cfg).setup()
 rank = recipe.accelerator.process_index

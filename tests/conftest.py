@@ -12,23 +12,28 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 REPO = Path(__file__).resolve().parents[1]
 
-# The longest tests start first (each launches several trainings: kill/resume loops, 2-rank launches, papermill
-# studies; a whole file where its tests share a module fixture): with `pytest -n 2 --dist loadgroup` (tests/run_all.sh)
-# the two workers take the next test as they finish one, so neither is left running a long one while the other idles.
+# The longest tests start first (each launches processes: 2-rank gloo launches, kill/resume loops, papermill kernels; a
+# whole file, or an xdist group, where its tests share one module fixture): with `pytest -n 2 --dist loadgroup`
+# (tests/run_all.sh) the two workers take the next test as they finish one, so neither is left running a long one while
+# the other idles. A group starts where its first test is listed. Order: `pytest -n 2 --durations=40` of the last full
+# run, with each test's cost after its launches moved into the test's process (CPU seconds, measured one file at a time).
 LONGEST_FIRST = [
-    "test_safety.py::test_fault_matrix_kill9_then_resume",
-    "test_shard.py",
+    "test_shard.py",                                                       # one 2-rank launch of eight trainings
+    "test_gpu_check.py::test_cpu_mode_runs_the_driver",                   # its kill/resume part sleeps 1 s a step
+    "test_train.py::test_two_ranks_validation_equals_one_rank",           # group two_ranks: one 2-rank launch of seven jobs
     "test_target_load.py",
     "test_qwen3_e2e.py::test_shipped_config_end_to_end",
-    "test_train.py::test_sigkill_and_resume_is_bitwise_identical",
+    "test_papermill_params.py::test_ctrl_c_under_papermill_is_one_line_that_resumes",
     "test_train.py::test_resume_on_another_number_of_processes",
+    "test_ablations.py::test_ctrl_c_stops_a_worker_pool_at_once",
+    "test_eagle3.py::test_two_gloo_ranks_sharded_draft_trains_like_ddp_and_resumes",
     "test_ablations.py::test_papermill_budget_curve",
+    "test_drafters.py::test_eagle3_drafter_is_lossless_on_the_embedded_target",
+    "test_safety.py::test_fault_matrix_kill9_then_resume",
     "test_ablations.py::test_papermill_ablations_notebook",
-    "test_train.py::test_sharded_target_trains_like_a_whole_one",
-    "test_train.py::test_cli_packing_trains_and_resumes_bitwise",
+    "test_papermill_params.py::test_fault_ctrl_c_without_the_handler_loses_the_hint",
     "test_reduce_gloo.py",
-    "test_train.py::test_two_ranks_validation_equals_one_rank",
-    "test_safety.py::test_damaged_latest_checkpoint_falls_back",
+    "test_safety.py::test_damaged_latest_checkpoint_falls_back",           # group straight_4_steps
 ]
 
 

@@ -196,12 +196,26 @@ STUDY28 = REPO / "runs" / "ablations" / "study28"
 
 
 def _run_study(study, *args, cwd, timeout=240) -> subprocess.CompletedProcess:
-    "`python <study>/study.py args...` started in `cwd`; killed (and failed) past `timeout` seconds."
+    """`python <study>/study.py args...` started in `cwd`, run in this process as Python runs a script (runpy: `__file__`
+    is the copy's, `__name__` is "__main__"; a SystemExit's message goes to stderr, exit 1): a new Python adds ~6 s of
+    imports. Stopped (and failed) past `timeout` seconds: it would have started work anew."""
+    import contextlib, io, runpy, signal
+    def too_long(*_): raise AssertionError(f"study.py {' '.join(args)} from {cwd} ran past {timeout} s: it started work anew")
+    out, err, code, argv = io.StringIO(), io.StringIO(), 0, sys.argv
+    alarm = signal.signal(signal.SIGALRM, too_long)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        return subprocess.run([sys.executable, str(study / "study.py"), *args], cwd=cwd, env=ENV, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"study.py {' '.join(args)} from {cwd} ran past {timeout} s: it started work anew") from None
+        sys.argv = [str(study / "study.py"), *args]
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try: runpy.run_path(str(study / "study.py"), run_name="__main__")
+            except SystemExit as e:
+                if isinstance(e.code, str): print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm)
+        sys.argv = argv
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
 
 
 def test_study_py_resolves_its_folders_from_its_own_location(tmp_path):

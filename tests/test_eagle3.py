@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import write_config
-from test_train import ENV, REPO, finished, free_port, train_cli
+from test_train import ENV, REPO, finished, free_port, train_here
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_cli_trains_checkpoints_and_resumes_bitwise(base, tmp_path, monkeypatch)
     bitwise where the uninterrupted run ended; resumed with a fresh AdamW state (the fault) it does not."""
     cfg = write_config(tmp_path / "c.yaml", {**base, "save_every_steps": 1, "keep_checkpoints": 4, "max_steps": 4,
                                              "grad_accumulation_steps": 2, "micro_batch_size": 1})
-    p = train_cli(cfg, "--run_name", "straight")
+    p = train_here(cfg, "--run_name", "straight")
     assert p.returncode == 0, p.stderr[-4000:]
     straight = tmp_path / "runs" / "straight"
     rows = [json.loads(l) for l in (straight / "metrics.jsonl").read_text().splitlines()]
@@ -56,7 +56,7 @@ def test_cli_trains_checkpoints_and_resumes_bitwise(base, tmp_path, monkeypatch)
     assert "eval/loss" in json.loads((straight / "served" / "config.json").read_text())["domino_research"]
 
     resumed = _cut_after_step_2(straight, "resumed")
-    p = train_cli(cfg, "--run_name", "resumed", "--resume", "latest")
+    p = train_here(cfg, "--run_name", "resumed", "--resume", "latest")
     assert p.returncode == 0, p.stderr[-4000:]
     b = _weights(resumed)
     for k in a: assert torch.equal(a[k], b[k]), k
@@ -74,10 +74,10 @@ def test_resume_refuses_another_recipe_checkpoint(base, tiny, tmp_path):
     "A DFlash checkpoint is not an EAGLE-3 draft: resuming one is refused in one line naming the contract."
     dflash = {**tiny["base"], "recipe": "dflash", "output_dir": base["output_dir"], "max_steps": 1}
     dflash = {k: v for k, v in dflash.items() if k not in ("emb_dim", "gru_hidden_dim")}
-    p = train_cli(write_config(tmp_path / "d.yaml", dflash), "--run_name", "dfl")
+    p = train_here(write_config(tmp_path / "d.yaml", dflash), "--run_name", "dfl")
     assert p.returncode == 0, p.stderr[-3000:]
     ckpt = tmp_path / "runs" / "dfl" / "checkpoints" / "step-1"
-    p = train_cli(write_config(tmp_path / "e.yaml", base), "--run_name", "e3", "--resume", str(ckpt))
+    p = train_here(write_config(tmp_path / "e.yaml", base), "--run_name", "e3", "--resume", str(ckpt))
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "draft contract differs" in p.stderr and "draft" in p.stderr, p.stderr[-2000:]
 
@@ -117,7 +117,7 @@ def test_cli_packed_rows_train(base, tmp_path):
     """`packing: true`: conversations packed into rows (positions restart per document, notebook 15) train through the
     EAGLE-3 trainer, whose TTT mask and labels stay inside each document (pinned in notebook 20)."""
     cfg = write_config(tmp_path / "c.yaml", {**base, "max_steps": 2, "seq_length": 192, "packing": True})
-    p = train_cli(cfg, "--run_name", "packed")
+    p = train_here(cfg, "--run_name", "packed")
     assert p.returncode == 0, p.stderr[-4000:]
     assert "packing train_data" in p.stdout, p.stdout[-2000:]
     rows = [json.loads(l) for l in (tmp_path / "runs" / "packed" / "metrics.jsonl").read_text().splitlines()]

@@ -1,7 +1,8 @@
 """`python -m domino_research.gpu_check`: without a GPU it says so and exits 0, but a GPU that torch cannot use (or none
 with `--require_gpu`) is one line and exit 1; `--cpu` runs its driver (parity, kill -9 and resume, one step's cost, the
 trained draft's decoding) on the CPU and assembles the one JSON line."""
-import json, os, subprocess, sys
+import contextlib, json, os, subprocess, sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,9 +29,13 @@ def test_no_gpu_says_so_and_exits_0():
     assert len(lines) == 2, p.stdout
 
 
-def test_cpu_mode_runs_the_driver():
-    "Kill -9 mid-run + --resume latest finishes all steps with validation; Flex == SDPA (forward); one JSON line."
-    p = gpu_check("--cpu", "--parts", "flex_vs_sdpa,kill_resume,step_cost,decode_efficiency")
+def test_cpu_mode_runs_the_driver(capsys):
+    """Kill -9 mid-run + --resume latest finishes all steps with validation; Flex == SDPA (forward); one JSON line. The
+    driver runs in this process (`python -m` calls the same `main`; test_no_gpu_says_so_and_exits_0 keeps the launch):
+    a new Python adds ~6 s of imports. Its kill/resume part still launches and kills its own training processes."""
+    from domino_research.gpu_check import main
+    with contextlib.chdir(REPO): code = main(["--cpu", "--parts", "flex_vs_sdpa,kill_resume,step_cost,decode_efficiency"])
+    p = SimpleNamespace(returncode=code, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert len(p.stdout.splitlines()) == 1, p.stdout
     r = json.loads(p.stdout)

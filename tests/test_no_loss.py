@@ -5,7 +5,7 @@ import shutil
 
 from conftest import run_module, write_config
 from test_safety import one_line_error, snapshot
-from test_train import train_cli
+from test_train import train_here
 
 
 def test_overwrite_refuses_a_users_folder_with_its_own_config_yaml(tiny, tmp_path):
@@ -17,7 +17,7 @@ def test_overwrite_refuses_a_users_folder_with_its_own_config_yaml(tiny, tmp_pat
     (mine / "results.csv").write_text("step,loss\n1,2.0\n")
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 1})
     before = snapshot(tmp_path)
-    p = train_cli(cfg, "--run_name", "mine", "--overwrite", "true")
+    p = train_here(cfg, "--run_name", "mine", "--overwrite", "true")
     one_line_error(p, "not a training run this recipe made", ".domino_run")
     assert snapshot(tmp_path) == before
 
@@ -26,9 +26,9 @@ def test_overwrite_replaces_a_run_the_recipe_made(tiny, tmp_path):
     "The marker is what makes a folder replaceable: a finished run is, and its replacement is marked in turn."
     runs = tmp_path / "runs"
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(runs), "max_steps": 1})
-    assert train_cli(cfg, "--run_name", "r").returncode == 0
+    assert train_here(cfg, "--run_name", "r").returncode == 0
     assert (runs / "r" / ".domino_run").is_file()
-    p = train_cli(cfg, "--run_name", "r", "--overwrite", "true")
+    p = train_here(cfg, "--run_name", "r", "--overwrite", "true")
     assert p.returncode == 0, p.stderr[-3000:]
     assert (runs / "r" / ".domino_run").is_file() and not (runs / ".r.replaced").exists()
 

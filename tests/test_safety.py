@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write_config
-from test_train import ENV, train_cli, _weights, _wait_for
+from conftest import run_notebook, write_config
+from _preloaded import launch_train
+from test_train import ENV, train_here, _weights, _wait_for
 
 
 def snapshot(root) -> dict:
@@ -28,11 +29,11 @@ def one_line_error(p, *needles):
 
 @pytest.fixture(scope="module")
 def trained_once(tiny, tmp_path_factory):
-    "One finished 2-step run `old` per module and worker (a training run costs ~10 s; twenty tests use one)."
+    "One finished 2-step run `old` per module and worker (twenty tests use one)."
     root = tmp_path_factory.mktemp("trained")
     cfg = write_config(root / "c.yaml", {**tiny["base"], "output_dir": str(root / "runs"), "max_steps": 2,
                                          "save_every_steps": 1})
-    p = train_cli(cfg, "--run_name", "old")
+    p = train_here(cfg, "--run_name", "old")
     assert p.returncode == 0, p.stderr[-3000:]
     return root
 
@@ -61,36 +62,34 @@ def test_run_name_outside_output_dir_refused(trained, tmp_path, name):
         Path(name).mkdir()
         (Path(name) / "data.bin").write_text("x")
     before = snapshot(tmp_path)
-    p = train_cli(trained["cfg"], "--run_name", name, "--overwrite", "true")
+    p = train_here(trained["cfg"], "--run_name", name, "--overwrite", "true")
     one_line_error(p, "run_name", "one plain folder name")
     assert snapshot(tmp_path) == before
 
 
 def test_papermill_empty_run_name_deletes_nothing(tiny, trained, tmp_path):
-    "`-p run_name ''` used to delete the whole output_dir: now it is a fresh, dated run next to the others."
-    out = tmp_path / "pm.ipynb"
-    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(out), "--cwd", str(REPO / "nbs"),
-           "-p", "config", trained["cfg"], "-p", "output_dir", str(trained["runs"]), "-p", "run_name", "", "-p", "max_steps", "1",
-           "-p", "seq_length", "96", "-p", "extra", "{num_anchors: 4}"]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    """`-p run_name ''` used to delete the whole output_dir: now it is a fresh, dated run next to the others. In this
+    process (conftest.run_notebook: papermill's own typing of the `-p` values); test_train.py's test_papermill_train_notebook
+    launches papermill itself."""
+    ran, error = run_notebook("train.ipynb", config=trained["cfg"], output_dir=str(trained["runs"]), run_name="",
+                              max_steps="1", seq_length="96", extra="{num_anchors: 4}")
+    assert error is None, (ran, error)
     after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if k in trained["before"]} == trained["before"]   # nothing changed or lost
     assert any(d.name.startswith("train_nb-") for d in trained["runs"].iterdir())
 
 
 def test_papermill_defaults_do_not_overwrite(tiny, trained, tmp_path):
-    cmd = [sys.executable, "-m", "papermill", str(REPO / "nbs" / "train.ipynb"), str(tmp_path / "pm.ipynb"), "--cwd",
-           str(REPO / "nbs"), "-p", "config", trained["cfg"], "-p", "output_dir", str(trained["runs"]), "-p", "run_name", "old"]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode != 0 and "already exists" in p.stderr + p.stdout
+    "In this process, as the test above: the notebook's defaults stop at an existing run, which is left as it was."
+    ran, error = run_notebook("train.ipynb", config=trained["cfg"], output_dir=str(trained["runs"]), run_name="old")
+    assert error is not None and "already exists" in str(error), (ran, error)
     assert snapshot(tmp_path / "runs" / "old") == {k[len("runs/old/"):]: v for k, v in trained["before"].items()
                                                    if k.startswith("runs/old/")}
 
 
 # ------------------------------------------------------------------ 2. overwrite keeps the old run until the new one saved
 def test_failed_overwrite_keeps_old_run(trained, tmp_path):
-    p = train_cli(
+    p = train_here(
         trained["cfg"],
         "--run_name",
         "old",
@@ -116,36 +115,20 @@ def test_failed_overwrite_keeps_old_run(trained, tmp_path):
 
 def test_killed_overwrite_restores_old_run_on_next_start(trained, tmp_path):
     runs = trained["runs"]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "domino_research.train",
-            "--config",
-            trained["cfg"],
-            "--run_name",
-            "old",
-            "--overwrite",
-            "true",
-            "--save_every_steps",
-            "1",
-        ],
-        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = launch_train(["--config", trained["cfg"], "--run_name", "old", "--overwrite", "true", "--save_every_steps", "1"],
+                        env={"DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"})
     _wait_for(lambda: (runs / "old" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
     proc.kill()
     proc.wait()
     assert (runs / ".old.replaced").is_dir()                      # the old run is set aside, not gone
-    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--max_steps", "2")
+    p = train_here(trained["cfg"], "--run_name", "old", "--resume", "latest", "--max_steps", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "restored" in p.stdout and "resumed from" in p.stdout  # settled back, then resumed the old run's step 2
     assert not (runs / ".old.replaced").exists()
 
 
 def test_successful_overwrite_replaces_old_run(trained, tmp_path):
-    p = train_cli(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--max_steps", "1")
+    p = train_here(trained["cfg"], "--run_name", "old", "--overwrite", "true", "--max_steps", "1")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(l) for l in (trained["runs"] / "old" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1]       # the new run only: nothing of the old one mixed in
@@ -157,35 +140,30 @@ def test_successful_overwrite_replaces_old_run(trained, tmp_path):
 def test_second_training_on_same_run_refused(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 2,
                                              "save_every_steps": 1, "run_name": "busy"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "domino_research.train", "--config", cfg],
-        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = launch_train(["--config", cfg], env={"DOMINO_FAULT_SLEEP": "checkpoint-step-1:300"})
     try:
         _wait_for(lambda: (tmp_path / "runs" / "busy" / "checkpoints" / ".tmp-step-1" / "contract.json").exists(), proc)
         for extra in ([], ["--resume", "latest"], ["--overwrite", "true"]):
-            one_line_error(train_cli(cfg, *extra), "is in use by pid", "busy")
+            one_line_error(train_here(cfg, *extra), "is in use by pid", "busy")
     finally:
         proc.kill()
         proc.wait()
-    p = train_cli(cfg, "--resume", "latest")                      # the killed holder left no stale lock
+    p = train_here(cfg, "--resume", "latest")                      # the killed holder left no stale lock
     assert p.returncode == 0, p.stderr[-3000:]
 
 
 # ------------------------------------------------------------------ 5. code in a checkpoint is never run
 def test_planted_state_pt_is_refused_and_not_run(trained, tmp_path):
+    import torch
+    class Planted:                                                # unpickling it runs a shell command
+        def __reduce__(self): return (os.system, (f"touch {marker}",))
     marker = tmp_path / "pwned"
-    planted = tmp_path / "plant.py"
-    planted.write_text("import os, sys, torch\nclass P:\n    def __reduce__(self): return (os.system, ('touch %s',))\n"
-                       "torch.save({'optimizer': P()}, sys.argv[1])\n" % marker)
     ck = trained["runs"] / "old" / "checkpoints" / "step-2"
-    subprocess.run([sys.executable, str(planted), str(ck / "state.pt")], check=True)
+    torch.save({"optimizer": Planted()}, ck / "state.pt")
     files = json.loads((ck / "files.json").read_text())
     files["state.pt"] = (ck / "state.pt").stat().st_size
     (ck / "files.json").write_text(json.dumps(files))             # a consistent manifest: only the pickle gives it away
-    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest")
+    p = train_here(trained["cfg"], "--run_name", "old", "--resume", "latest")
     one_line_error(p, "refusing", "state.pt")
     assert not marker.exists()
 
@@ -193,12 +171,12 @@ def test_planted_state_pt_is_refused_and_not_run(trained, tmp_path):
 # ------------------------------------------------------------------ 6, 7. silent wrong results
 def test_block_that_never_fits_fails(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "big"})
-    one_line_error(train_cli(cfg, "--block_size", "95"), "block_size", "seq_length=96")
+    one_line_error(train_here(cfg, "--block_size", "95"), "block_size", "seq_length=96")
     assert not (tmp_path / "runs" / "big").exists()
 
 
 def test_resume_with_changed_hyperparameter_refused(trained, tmp_path):
-    p = train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest", "--learning_rate", "3e-3")
+    p = train_here(trained["cfg"], "--run_name", "old", "--resume", "latest", "--learning_rate", "3e-3")
     one_line_error(p, "learning_rate: checkpoint 0.001 vs now 0.003")
     assert snapshot(tmp_path) == trained["before"]                # config.yaml does not claim what the run did not do
 
@@ -210,7 +188,7 @@ def straight_4_steps(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("straight")
     cfg = write_config(root / "c.yaml", {**tiny["base"], "output_dir": str(root / "runs"), "max_steps": 4,
                                          "save_every_steps": 1, "keep_checkpoints": 3})
-    assert train_cli(cfg, "--run_name", "straight").returncode == 0
+    assert train_here(cfg, "--run_name", "straight").returncode == 0
     return root / "runs" / "straight"
 
 
@@ -220,12 +198,7 @@ def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage, straight_4
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "max_steps": 4, "save_every_steps": 1, "keep_checkpoints": 3}
     # a run of the same settings, killed while saving step 4; then its newest checkpoint (step 3) is damaged
     cfg2 = write_config(tmp_path / "c2.yaml", {**base, "run_name": "hurt"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "domino_research.train", "--config", cfg2],
-        env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-4:60"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = launch_train(["--config", cfg2], env={"DOMINO_FAULT_SLEEP": "checkpoint-step-4:60"})
     run = tmp_path / "runs" / "hurt"
     _wait_for(lambda: (run / "checkpoints" / ".tmp-step-4" / "contract.json").exists(), proc)
     proc.kill()
@@ -233,7 +206,7 @@ def test_damaged_latest_checkpoint_falls_back(tiny, tmp_path, damage, straight_4
     f = run / "checkpoints" / "step-3" / damage
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     with open(run / "metrics.jsonl", "a") as m: m.write('{"step": 4, "loss": 1.2')    # a torn last line
-    p = train_cli(cfg2, "--resume", "latest")
+    p = train_here(cfg2, "--resume", "latest")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "step-3" in p.stderr and damage.split("/")[-1] in p.stderr and "falling back" in p.stderr
     assert "not JSON" in p.stderr and "Traceback" not in p.stderr
@@ -260,11 +233,11 @@ def test_wandb_without_credentials_fails_fast(tiny, tmp_path):
 # ------------------------------------------------------------------ 12. messages that point the right way
 def test_command_line_numbers_and_blame(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "run_name": "n"})
-    err = one_line_error(train_cli(cfg, "--seq_length", "long"), "seq_length")
+    err = one_line_error(train_here(cfg, "--seq_length", "long"), "seq_length")
     assert "command line" in err and "c.yaml" not in err
-    err = one_line_error(train_cli(cfg, "--blok_size", "4"), "unknown key --blok_size", "did you mean --block_size")
+    err = one_line_error(train_here(cfg, "--blok_size", "4"), "unknown key --blok_size", "did you mean --block_size")
     assert "c.yaml" not in err                                   # the flag is the command line's mistake, not the file's
-    p = train_cli(cfg, "--learning_rate", "1e-3", "--max_steps", "1")
+    p = train_here(cfg, "--learning_rate", "1e-3", "--max_steps", "1")
     assert p.returncode == 0, p.stderr[-3000:]
 
 
@@ -289,7 +262,7 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 12, "keep_checkpoints": 2,
             "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}   # 6 steps per epoch: crosses an epoch
     cfg = write_config(tmp_path / "c.yaml", base)
-    p = train_cli(cfg, "--run_name", "straight")
+    p = train_here(cfg, "--run_name", "straight")
     assert p.returncode == 0, p.stderr[-3000:]
     seed = int(os.environ.get("FAULT_SEED", os.getpid()))
     rng = random.Random(seed)
@@ -318,13 +291,8 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
         elif kind == "step":      # steps slowed to ~0.1 s so that a random moment lands in a step or a save, not after the end
             fault, ready = {"DOMINO_FAULT_SLEEP": "optimiser-step:0.05"}, fresh("metrics.jsonl")
         t_launch = time.time()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed", "--resume", "latest"],
-            env={**ENV, **fault},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        if kind == "startup": time.sleep(rng.uniform(0.2, 2.0))
+        proc = launch_train(["--config", cfg, "--run_name", "killed", "--resume", "latest"], env=fault)
+        if kind == "startup": time.sleep(rng.uniform(0.0, 0.5))    # config, lock, target, data: ~0.4 s forked preloaded
         else: _wait_for(ready, proc)
         if kind == "step": time.sleep(rng.uniform(0.0, 0.3))
         assert proc.poll() is None, f"seed {seed}: run finished before the {kind} kill; plan {plan}, done {log}"
@@ -332,7 +300,7 @@ def test_fault_matrix_kill9_then_resume(tiny, tmp_path):
         proc.wait()
         log.append(f"{kind}@{saved}+{time.time() - t_launch:.1f}s")
         _check_intact(run)
-    p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
+    p = train_here(cfg, "--run_name", "killed", "--resume", "latest")
     assert p.returncode == 0, (seed, log, p.stderr[-3000:])
     a, b = _weights(tmp_path / "runs" / "straight"), _weights(run)
     assert a.keys() == b.keys()
@@ -349,7 +317,7 @@ def test_resume_latest_never_restarts_over_a_finished_run(trained, tmp_path):
     import shutil
     shutil.rmtree(trained["runs"] / "old" / "checkpoints")
     before = snapshot(tmp_path)
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest"), "nothing to resume from", "draft")
+    one_line_error(train_here(trained["cfg"], "--run_name", "old", "--resume", "latest"), "nothing to resume from", "draft")
     assert snapshot(tmp_path) == before
 
 
@@ -358,7 +326,7 @@ def test_resume_latest_with_every_checkpoint_damaged_refuses(trained, tmp_path):
         f = ck / "state.pt"
         f.write_bytes(f.read_bytes()[:100])
     before = snapshot(tmp_path)
-    one_line_error(train_cli(trained["cfg"], "--run_name", "old", "--resume", "latest"), "every checkpoint", "damaged")
+    one_line_error(train_here(trained["cfg"], "--run_name", "old", "--resume", "latest"), "every checkpoint", "damaged")
     assert snapshot(tmp_path) == before
 
 
@@ -368,16 +336,16 @@ def test_saved_config_reused_does_not_overwrite(trained, tmp_path):
     saved = yaml.safe_load((trained["runs"] / "old" / "config.yaml").read_text())
     assert saved["overwrite"] is False and saved["resume"] is None
     before = snapshot(tmp_path)
-    one_line_error(train_cli(str(trained["runs"] / "old" / "config.yaml"), "--learning_rate", "0.01"), "already exists")
+    one_line_error(train_here(str(trained["runs"] / "old" / "config.yaml"), "--learning_rate", "0.01"), "already exists")
     assert snapshot(tmp_path) == before
 
 
 def test_foreign_checkpoint_into_an_existing_run_refused(trained, tmp_path):
-    p = train_cli(trained["cfg"], "--run_name", "src")
+    p = train_here(trained["cfg"], "--run_name", "src")
     assert p.returncode == 0, p.stderr[-2000:]
     before = snapshot(tmp_path)
     one_line_error(
-        train_cli(trained["cfg"], "--run_name", "old", "--resume", str(trained["runs"] / "src" / "checkpoints" / "step-2")),
+        train_here(trained["cfg"], "--run_name", "old", "--resume", str(trained["runs"] / "src" / "checkpoints" / "step-2")),
         "another run's checkpoint",
     )
     assert snapshot(tmp_path) == before
@@ -393,7 +361,7 @@ def test_overwrite_replaces_runs_only(trained, tmp_path, case):
         (trained["runs"] / "notes" / "thesis.tex").write_text("mine\n")
     else: (trained["runs"] / "notes").symlink_to(precious)
     before = snapshot(tmp_path)
-    one_line_error(train_cli(trained["cfg"], "--run_name", "notes", "--overwrite", "true"),
+    one_line_error(train_here(trained["cfg"], "--run_name", "notes", "--overwrite", "true"),
                    "not a training run" if case == "not_a_run" else "symbolic link")
     assert snapshot(tmp_path) == before
 

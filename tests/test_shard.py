@@ -26,7 +26,10 @@ RUNS = [["ddp", {}], ["ddp_whole_target", {"shard_target": False}], ["fsdp", {"s
 MAX_GRAD_NORM = 0.2
 
 
-@pytest.fixture(scope="module")
+# Session scope: at most one launch per worker. Under pytest 9.2 with xdist 3.8, `--dist loadgroup` does not keep an
+# xdist_group on one worker (xdist renames item._nodeid, pytest 9 reads item._id), and a module fixture is set up
+# again whenever another module's test runs between two of its tests on a worker: four launches in a full run.
+@pytest.fixture(scope="session")
 def launch(tiny, tmp_path_factory):
     """One 2-rank launch: every run but one with a sharded target; accumulation 2 (a micro-batch without gradient sync in
     each step)."""

@@ -1,14 +1,16 @@
 """The training recipe end to end: CLI, multi-process (gloo) symmetry, kill/resume, atomic checkpoints,
 gradient accumulation, skipped micro-batches, bad configs and the papermill notebook."""
-import json, os, random, re, shutil, signal, socket, subprocess, sys, time
+import contextlib, io, json, os, random, re, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, write_config, write_jsonl, _chat
+from conftest import REPO, run_module, write_config, write_jsonl, _chat
+from _preloaded import launch_train
 from domino_research.export import self_description_problems
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -30,33 +32,95 @@ def finished(p, out_dir, nproc: int) -> bool:
     return nproc > 1 and GLOO_EXIT_ABORT in p.stderr and all((Path(out_dir) / f"rank{r}.json").is_file() for r in range(nproc))
 
 
-def run_worker(mode, cfg_path, out_dir, nproc=1, timeout=300):
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    worker = str(REPO / "tests" / "_recipe_worker.py")
-    if nproc == 1: cmd = [sys.executable, worker]
-    else: cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-                 f"--master_port={free_port()}", worker]
-    p = subprocess.run(cmd + [mode, cfg_path, str(out_dir)], env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert finished(p, out_dir, nproc), p.stdout[-3000:] + p.stderr[-5000:]
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+@contextlib.contextmanager
+def one_thread():
+    "torch at one thread for a block, as OMP_NUM_THREADS=1 gives a launched process: the launched runs' sums, bit for bit."
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try: yield
+    finally: torch.set_num_threads(threads)
+
+
+def eval_here(cfg_path) -> dict:
+    "tests/_recipe_worker.py's `eval` on one process, run in this one: a launch adds ~6 s of imports and checks nothing."
+    from domino_research.train import RECIPES, load_train_config
+    with one_thread():
+        cfg = load_train_config(cfg_path)
+        recipe = RECIPES[cfg.recipe](cfg).setup()
+        try: return json.loads(json.dumps({"world": recipe.accelerator.num_processes, **recipe.validate()}))
+        finally: recipe.close()
 
 
 def train_cli(cfg_path, *args, timeout=300, **popen):
+    "The real launch, `python -m domino_research.train --config ...`: for the tests of the launch itself."
     cmd = [sys.executable, "-m", "domino_research.train", "--config", cfg_path, *args]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, **popen)
 
 
+@contextlib.contextmanager
+def warnings_as_a_process_shows_them():
+    """Warnings written to stderr under Python's default filters, each once, as a new process shows them (pytest would
+    record them instead: the messages a test reads on stderr, such as a damaged checkpoint's, would be missing)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", quiet)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        yield
+
+
+def train_here(cfg_path, *args):
+    """The same command in this process (conftest.run_module) with one torch thread, as `train_cli`'s OMP_NUM_THREADS=1
+    gives its run (bitwise comparisons with launched runs need the same thread count), and its warnings on its stderr:
+    a new Python spends ~6 s on imports and checks nothing more. test_cli_trains_and_writes_run_dir keeps the real launch."""
+    with one_thread(), warnings_as_a_process_shows_them():
+        return run_module("domino_research.train", "--config", cfg_path, *args)
+
+
 # ------------------------------------------------------------------ multi-process symmetry
-@pytest.mark.parametrize("shard,packing", [(False, False), (True, False), (True, True)])
-def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard, packing):
+VALIDATION_CASES = [(False, False), (True, False), (True, True)]    # (shard_target, packing)
+PACKED = {"packing": True, "seq_length": 192}
+
+
+# Session scope: at most one launch per worker. Under pytest 9.2 with xdist 3.8, `--dist loadgroup` does not keep an
+# xdist_group on one worker (xdist renames item._nodeid, pytest 9 reads item._id), and a module fixture is set up
+# again whenever another module's test runs between two of its tests on a worker: four launches in a full run.
+@pytest.fixture(scope="session")
+def two_ranks(tiny, tmp_path_factory):
+    """Every two-rank evaluation and training of the tests below, in one launch (tests/_recipe_worker.py `jobs`): a launch
+    of two ranks costs ~15 s of imports and process-group set-up, and the recipes it runs one after another each build
+    their own target, data and draft (as test_shard.py's eight trainings in one launch do). -> job -> per-rank results."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    base = {**tiny["base"], "output_dir": str(root / "runs")}
+    rng = random.Random(1)
+    short_row_data = write_jsonl(root / "d.jsonl", [_chat(rng, i) for i in range(3)] + [_chat(rng, 3, short=True)])
+    jobs = {f"ev-{shard}-{packing}": ("eval", {"shard_target": shard, **(PACKED if packing else {})})
+            for shard, packing in VALIDATION_CASES}
+    jobs |= {f"ev1-{shard}": ("eval", {"max_eval_samples": 1, "shard_target": shard}) for shard in (False, True)}
+    jobs |= {f"shard{shard}": ("train", {"max_steps": 3, "shard_target": shard}) for shard in (False, True)}
+    jobs["skip"] = ("train", {"train_data": str(short_row_data), "block_size": 8, "micro_batch_size": 1})
+    listed = [[name, job, write_config(root / f"{name}.yaml", {**base, "run_name": name, **over})]
+              for name, (job, over) in jobs.items()]
+    out = root / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(REPO / "tests" / "_recipe_worker.py"), "jobs", json.dumps(listed), str(out)]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert finished(p, out, 2), p.stdout[-3000:] + p.stderr[-5000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return {"ranks": {name: [r[name] for r in ranks] for name in jobs}, "runs": root / "runs"}
+
+
+@pytest.mark.xdist_group("two_ranks")                           # one worker for the launch they read (see two_ranks)
+@pytest.mark.parametrize("shard,packing", VALIDATION_CASES)
+def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, two_ranks, shard, packing):
     """Features and loss of two ranks, with the target's decoder layers FSDP2-sharded or not, equal one unsharded rank;
     also with packed rows (the setup's probe of the target's document mask is then a collective forward)."""
-    extra = {"packing": True, "seq_length": 192} if packing else {}
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev", **extra})
-    one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
-    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev2", "shard_target": shard, **extra})
-    two = run_worker("eval", cfg, tmp_path / "two", nproc=2)
+    extra = PACKED if packing else {}
+    one = eval_here(write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path), "run_name": "ev", **extra}))
+    two = two_ranks["ranks"][f"ev-{shard}-{packing}"]
     assert two[0]["world"] == 2 and one["world"] == 1
     keys = [k for k in one if k.startswith("eval/")]
     assert {"eval/loss", "eval/accept_len", "eval/final_loss", "eval/base_accept_len"} <= set(keys)
@@ -64,41 +128,35 @@ def test_two_ranks_validation_equals_one_rank(tiny, tmp_path, shard, packing):
         for k in keys: assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
 
 
+@pytest.mark.xdist_group("two_ranks")
 @pytest.mark.parametrize("shard", [False, True])
-def test_rank_without_validation_batch(tiny, tmp_path, shard):
+def test_rank_without_validation_batch(tiny, tmp_path, two_ranks, shard):
     """One validation row, two ranks: rank 1 sees nothing, still joins the all-reduce and reports the same numbers;
     with a sharded target it also joins the one target forward (on a row it then drops)."""
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "ev1", "max_eval_samples": 1})
-    one = run_worker("eval", cfg, tmp_path / "one", nproc=1)[0]
-    cfg = write_config(tmp_path / "c2.yaml", {**tiny["base"], "run_name": "ev12", "max_eval_samples": 1, "shard_target": shard})
-    two = run_worker("eval", cfg, tmp_path / "two", nproc=2, timeout=180)
+    one = eval_here(write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path), "run_name": "ev1",
+                                                       "max_eval_samples": 1}))
+    two = two_ranks["ranks"][f"ev1-{shard}"]
+    assert two[0]["world"] == 2
     for r in two:
         for k in one:
             if k.startswith("eval/"): assert r[k] == pytest.approx(one[k], rel=1e-9, abs=1e-12), k
 
 
-def test_sharded_target_trains_like_a_whole_one(tiny, tmp_path):
+@pytest.mark.xdist_group("two_ranks")
+def test_sharded_target_trains_like_a_whole_one(two_ranks):
     """Two ranks, 3 optimiser steps: the draft trained against an FSDP2-sharded target is bitwise the one trained against a
     whole target."""
     weights = {}
     for shard in (False, True):
-        cfg = write_config(tmp_path / f"c{shard}.yaml", {**tiny["base"], "run_name": f"shard{shard}", "max_steps": 3,
-                           "output_dir": str(tmp_path / "runs"), "shard_target": shard})
-        ranks = run_worker("train", cfg, tmp_path / f"out{shard}", nproc=2, timeout=240)
-        assert [r["step"] for r in ranks] == [3, 3]
-        weights[shard] = load_file(tmp_path / "runs" / f"shard{shard}" / "draft" / "model.safetensors")
+        assert [r["step"] for r in two_ranks["ranks"][f"shard{shard}"]] == [3, 3]
+        weights[shard] = load_file(two_ranks["runs"] / f"shard{shard}" / "draft" / "model.safetensors")
     for k in weights[False]: assert torch.equal(weights[False][k], weights[True][k]), k
 
 
-def test_no_anchor_microbatch_on_one_rank_skipped_by_both(tiny, tmp_path):
-    rng = random.Random(1)
-    rows = [_chat(rng, i) for i in range(3)] + [_chat(rng, 3, short=True)]
-    data = write_jsonl(tmp_path / "d.jsonl", rows)
-    cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "run_name": "skip", "train_data": str(data),
-                       "block_size": 8, "micro_batch_size": 1, "output_dir": str(tmp_path / "runs")})
-    ranks = run_worker("train", cfg, tmp_path / "out", nproc=2, timeout=240)
+@pytest.mark.xdist_group("two_ranks")
+def test_no_anchor_microbatch_on_one_rank_skipped_by_both(two_ranks):
     # 4 rows over 2 ranks = 2 windows; the one holding the short row (no anchor candidate) is skipped on both ranks
-    assert [r["step"] for r in ranks] == [1, 1]
+    assert [r["step"] for r in two_ranks["ranks"]["skip"]] == [1, 1]
 
 
 # ------------------------------------------------------------------ CLI, resume, fault injection
@@ -141,16 +199,15 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny, tmp_path):
     base = {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1, "max_steps": 8,
             "micro_batch_size": 2, "grad_accumulation_steps": 2, "num_epochs": 2}
     cfg = write_config(tmp_path / "c.yaml", base)
-    p = train_cli(cfg, "--run_name", "straight")
+    p = train_here(cfg, "--run_name", "straight")
     assert p.returncode == 0, p.stderr[-4000:]
     kill_at = random.Random(os.getpid()).randrange(2, 7)
     ck = tmp_path / "runs" / "killed" / "checkpoints"
-    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg, "--run_name", "killed"],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch_train(["--config", cfg, "--run_name", "killed"])
     _wait_for(lambda: (ck / f"step-{kill_at}" / "state.pt").exists(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    p = train_cli(cfg, "--run_name", "killed", "--resume", "latest")
+    p = train_here(cfg, "--run_name", "killed", "--resume", "latest")
     assert p.returncode == 0, p.stderr[-4000:]
     a, b = _weights(tmp_path / "runs" / "straight"), _weights(tmp_path / "runs" / "killed")
     assert a.keys() == b.keys()
@@ -164,15 +221,13 @@ def test_kill_during_checkpoint_save_keeps_previous(tiny, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1,
                                              "max_steps": 4, "run_name": "crash"})
     ck = tmp_path / "runs" / "crash" / "checkpoints"
-    proc = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", cfg],
-                            env={**ENV, "DOMINO_FAULT_SLEEP": "checkpoint-step-2:60"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = launch_train(["--config", cfg], env={"DOMINO_FAULT_SLEEP": "checkpoint-step-2:60"})
     _wait_for(lambda: (ck / ".tmp-step-2" / "contract.json").exists(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     from domino_research.lifecycle import list_checkpoints
     assert [p.name for p in list_checkpoints(tmp_path / "runs" / "crash")] == ["step-1"]
-    p = train_cli(cfg, "--resume", "latest")           # resumes from step-1, ignoring the partial save
+    p = train_here(cfg, "--resume", "latest")           # resumes from step-1, ignoring the partial save
     assert p.returncode == 0, p.stderr[-4000:]
     assert "resumed from" in p.stdout and "step-1" in p.stdout
     assert not (ck / ".tmp-step-2").exists()
@@ -184,7 +239,7 @@ def test_nonfinite_loss_stops_without_checkpoint(tiny, tmp_path):
                                              "max_steps": 6, "run_name": "nan", "max_grad_norm": 1e30,
                                              # the largest step sizes the config allows: the weights overflow in a few steps
                                              "learning_rate": 10, "weight_decay": 100, "adam_beta2": 0})
-    p = train_cli(cfg)
+    p = train_here(cfg)
     assert p.returncode != 0
     # the loss, or weights an update from a finite loss overflowed: stopped before that checkpoint either way
     assert "non-finite" in p.stderr and "optimiser step" in p.stderr, p.stderr[-2000:]
@@ -280,7 +335,7 @@ def test_mismatched_resume_refused(tiny, tmp_path):
 def test_bad_yaml_names_file(tiny, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("recipe: domino\nseq_length: [unclosed\n")
-    p = train_cli(str(bad))
+    p = train_here(str(bad))
     assert p.returncode == 2 and "bad.yaml" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -305,7 +360,7 @@ def test_cli_packing_trains_and_resumes_bitwise(tiny, tmp_path):
     CLI, and resuming a packed run from a mid-run checkpoint ends bitwise where the uninterrupted run ended."""
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs"), "save_every_steps": 1,
                                              "keep_checkpoints": 4, "max_steps": 4, "seq_length": 192})
-    p = train_cli(cfg, "--run_name", "straight", "--packing", "true")
+    p = train_here(cfg, "--run_name", "straight", "--packing", "true")
     assert p.returncode == 0, p.stderr[-4000:]
     m = re.search(r"packing train_data: (\d+) conversations → (\d+) rows", p.stdout)
     assert m and int(m.group(2)) < int(m.group(1)) == 24, p.stdout[-2000:]
@@ -317,7 +372,7 @@ def test_cli_packing_trains_and_resumes_bitwise(tiny, tmp_path):
     shutil.copytree(straight, resumed)
     for gone in ("checkpoints/step-3", "checkpoints/step-4", "draft"): shutil.rmtree(resumed / gone, ignore_errors=True)
     (resumed / "summary.json").unlink(missing_ok=True)
-    p = train_cli(cfg, "--run_name", "resumed", "--packing", "true", "--resume", "latest")
+    p = train_here(cfg, "--run_name", "resumed", "--packing", "true", "--resume", "latest")
     assert p.returncode == 0, p.stderr[-4000:]
     a, b = _weights(straight), _weights(resumed)
     for k in a: assert torch.equal(a[k], b[k]), k
@@ -326,7 +381,7 @@ def test_cli_packing_trains_and_resumes_bitwise(tiny, tmp_path):
 def test_cli_packing_block_too_long_for_every_conversation(tiny, tmp_path):
     "No packed conversation holds a block: one line naming block_size and packing, before training."
     cfg = write_config(tmp_path / "c.yaml", {**tiny["base"], "output_dir": str(tmp_path / "runs")})
-    p = train_cli(cfg, "--run_name", "big", "--packing", "true", "--block_size", "90")
+    p = train_here(cfg, "--run_name", "big", "--packing", "true", "--block_size", "90")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]      # (above it: the data cache's progress bars)
     assert len(errors) == 1 and "block_size" in errors[0] and "packing: true" in errors[0], p.stderr
@@ -337,6 +392,11 @@ def test_cli_packing_block_too_long_for_every_conversation(tiny, tmp_path):
 def _sample_run(cfg_path, out_dir, nproc, stop_after=None, timeout=240):
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if nproc == 1 and not stop_after:          # in this process, its stdout kept as a launch's is
+        from _sample_worker import train_logging_samples
+        out = io.StringIO()
+        with one_thread(), contextlib.redirect_stdout(out): train_logging_samples(cfg_path, out_dir)
+        return SimpleNamespace(stdout=out.getvalue())
     worker = str(REPO / "tests" / "_sample_worker.py")
     cmd = [sys.executable, worker] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                                                         "--master_addr=127.0.0.1", f"--master_port={free_port()}", worker]
