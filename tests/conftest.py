@@ -4,6 +4,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -37,7 +38,13 @@ LONGEST_FIRST = [
 ]
 
 
+@pytest.hookimpl(trylast=True)                  # after pytest-xdist's worker hook, which adds "@group" to `item._nodeid`
 def pytest_collection_modifyitems(config, items):
+    # pytest 9 reads a node's id from `item._id`, so xdist 3.8's renaming is lost and `--dist loadgroup` would spread an
+    # xdist_group over both workers (each then runs the group's shared launch again): carry the group into the id
+    for item in items:
+        if getattr(item, "_nodeid", None) not in (None, item.nodeid):
+            item._id = coerce_node_id(item._nodeid)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     def key(item):
         test = item.nodeid.split("@")[0].split("[")[0].removeprefix("tests/")        # file::test, parameters and group cut

@@ -4,7 +4,7 @@ trains the draft exactly as the target loaded whole does; a sharded draft trains
 bytes, and its checkpoints resume exactly, in its own mode and across modes. Every run clips: `max_grad_norm` is below
 every gradient norm the runs see, so DDP's clipping and the sharded draft's DTensor clipping both act, and must act
 alike. Two runs force the CUDA recipe's bf16 mixed-precision policy on the sharded draft (on CUDA only, otherwise)."""
-import json, subprocess, sys
+import json, os, subprocess, sys
 
 import pytest
 import torch
@@ -172,3 +172,10 @@ def test_bf16_policy_resumes_exactly(launch):
     a, b = _weights(launch, "fsdp_bf16"), _weights(launch, "fsdp_bf16_resumed")
     for k in a: assert torch.equal(a[k], b[k]), k
     assert _losses(launch, "fsdp_bf16_resumed")[0] == _losses(launch, "fsdp_bf16")[0][1:]
+
+
+def test_the_group_reaches_the_scheduler(request):
+    "Under `pytest -n 2 --dist loadgroup` this file's ids carry its group, which keeps its tests on one worker (conftest)."
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.config.getvalue("loadgroup")):
+        pytest.skip("only under pytest -n N --dist loadgroup (tests/run_all.sh)")
+    assert request.node.nodeid.endswith("@shard_launch"), request.node.nodeid
