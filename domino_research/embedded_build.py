@@ -33,10 +33,10 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES', 'stdlib_root',
-           'stdlib_modules', 'has_docstring', 'extract_functions', 'extract_docstrings', 'held_out_form',
-           'build_corpus', 'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy',
-           'train_target', 'fit_rows', 'save_target', 'response_stats', 'build_embedded', 'main']
+__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES',
+           'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus', 'write_jsonl', 'train_tokenizer',
+           'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target',
+           'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.

@@ -30,18 +30,18 @@ from .evaluation import encode_prompt, evaluate_draft, read_prompts, sample_prom
 from .export import load_draft
 
 # %% auto #0
-__all__ = ['NO_GPU', 'PARITY_LOSS_TOL', 'PARITY_GRAD_TOL', 'STEP_PEAK_MARGIN', 'MULTI_GPU_CHECKS', 'MULTI_GPU_LOSS_TOL', 'PARTS',
-           'COMPILE_S', 'MAX_COMPILES', 'STARTUP_S', 'TOTAL_S', 'BUDGET', 'PartTimeout', 'gpu_gate', 'random_qwen3',
-           'domino_draft', 'parity_batch', 'parity_run', 'parity_verdict', 'flex_sdpa_parity', 'step_config',
-           'predict_step_peak', 'peak_verdict', 'step_cost', 'tiny_run_config', 'kill_and_resume', 'multi_gpu_skip',
-           'multi_gpu', 'not_checked', 'decode_efficiency', 'flex_graphs', 'part_limit', 'main']
+__all__ = ['NO_GPU', 'PARITY_LOSS_TOL', 'PARITY_GRAD_TOL', 'MULTI_GPU_CHECKS', 'MULTI_GPU_LOSS_TOL', 'PARTS', 'COMPILE_S',
+           'MAX_COMPILES', 'STARTUP_S', 'TOTAL_S', 'BUDGET', 'gpu_gate', 'random_qwen3', 'domino_draft', 'parity_batch',
+           'parity_run', 'parity_verdict', 'step_cost', 'tiny_run_config', 'kill_and_resume', 'multi_gpu',
+           'not_checked', 'decode_efficiency', 'flex_graphs', 'main']
 
 # %% ../nbs/35_gpu_check.ipynb #e464a638
 NO_GPU = "gpu_check: no CUDA device on this machine, so no GPU check ran (run `make gpu-check` where a GPU is visible)"
 
+# %% ../nbs/35_gpu_check.ipynb #f2b0c4f4
 class PartTimeout(Exception): "A part ran past its time limit (the budget table)."
 
-# %% ../nbs/35_gpu_check.ipynb #f2b0c4f4
+
 def compiled_graphs() -> int:
     "Graphs torch.compile has built in this process so far (each one a compile, or a recompile)."
     from torch._dynamo.utils import counters
@@ -237,6 +237,7 @@ def parity_verdict(ref: dict, run: dict, loss_tol: float = PARITY_LOSS_TOL, grad
     return dict(ok=loss <= loss_tol and (grad is None or grad <= grad_tol), loss_max_abs_diff=loss, loss_tolerance=loss_tol,
                 grad_rel_diff=grad, grad_tolerance=grad_tol if both else None, gradients_compared=both)
 
+# %% ../nbs/35_gpu_check.ipynb #c089eb01
 def flex_sdpa_parity(device="cuda", seq_len=512, num_anchors=24, block_size=16, seed=0) -> dict:
     "One tiny Domino step with FlexAttention vs SDPA (same weights, data, anchors): losses, and gradients on CUDA."
     dev = torch.device(device)
@@ -268,6 +269,8 @@ def _train_step(target, trainer, opt, batch) -> float:
     opt.step()
     opt.zero_grad(set_to_none=True)
     return float(loss)
+STEP_PEAK_MARGIN = 0.10   # |CUDA peak / bench memory's prediction - 1|: allocator rounding, cuBLAS workspaces, kernel temporaries
+
 
 # %% ../nbs/35_gpu_check.ipynb #88c8dc26
 def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
@@ -289,8 +292,6 @@ def _measure(target, batch, sizes: dict, backend: str, seed: int) -> dict:
     return dict(step_s=round(time.perf_counter() - t0, 3), loss=loss, draft_params=sum(p.numel() for p in draft.parameters()),
                 peak_bytes=peak, peak_gib=round(peak / 2**30, 2) if cuda else None)
 
-# %% ../nbs/35_gpu_check.ipynb #9b39204a
-STEP_PEAK_MARGIN = 0.10   # |CUDA peak / bench memory's prediction - 1|: allocator rounding, cuBLAS workspaces, kernel temporaries
 
 def step_config(sizes=QWEN3_8B_STEP, backend: str = "sdpa") -> DominoTrainConfig:
     "The Domino training config of `step_cost`'s shape: one process, micro-batch 1 (the mask token: the last id)."
@@ -313,6 +314,7 @@ def peak_verdict(measured: int | None, predicted: int, margin: float = STEP_PEAK
     ratio = measured / predicted
     return dict(out, ok=abs(ratio - 1) <= margin, compared=True, measured_gib=round(measured / 2**30, 2), ratio=round(ratio, 4))
 
+# %% ../nbs/35_gpu_check.ipynb #9b392002
 def step_cost(sizes=QWEN3_8B_STEP, backends=("flex_attention", "sdpa"), device="cuda", seed=0, predicted=None) -> dict:
     "Peak allocated GiB (CUDA only) and seconds of one optimiser step at `sizes`, per backend, each peak against the prediction."
     dev = torch.device(device)
@@ -424,12 +426,14 @@ MULTI_GPU_CHECKS = ("NCCL DDP training on 2 ranks", "NCCL shard_draft + shard_ta
                     "sharded and DDP losses within tolerance", "resume of the sharded run from a checkpoint")
 MULTI_GPU_LOSS_TOL = 2e-2
 
+# %% ../nbs/35_gpu_check.ipynb #a7c1e091
 def multi_gpu_skip(n_gpus: int, cuda: bool) -> dict | None:
     "None when the multi-GPU part can run; else the part's result: skipped, and exactly what was not checked."
     if cuda and n_gpus >= 2: return None
     why = "cpu mode" if not cuda else f"{n_gpus} GPU visible; NCCL needs one GPU per rank, so 2 ranks need 2 GPUs"
     return {"ok": True, "skipped": why, "not_checked": list(MULTI_GPU_CHECKS)}
 
+# %% ../nbs/35_gpu_check.ipynb #a7c1e092
 def _losses(run_dir) -> list[float]:
     rows = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r]
@@ -565,12 +569,13 @@ def flex_graphs(calls, dynamic: bool = True) -> int:
     for q, k, grad in calls: shapes.setdefault(grad, set()).add((q, k))
     return sum(1 if dynamic else min(len(s), 2) for s in shapes.values())
 
+# %% ../nbs/35_gpu_check.ipynb #92964a4d
 def part_limit(name: str) -> float:
     "Seconds `name` may run: measured CPU time + compiles x COMPILE_S + margin."
     cpu_s, compiles, margin, _ = BUDGET[name]
     return cpu_s + compiles * COMPILE_S + margin
 
-# %% ../nbs/35_gpu_check.ipynb #92964a4d
+
 def budget_table(parts=PARTS, n_gpus: int = 1) -> list[dict]:
     "One row per part this machine runs (`multi_gpu` with 2+ GPUs only): limit and why, plus the total against TOTAL_S."
     parts = [p for p in parts if p != "multi_gpu" or n_gpus >= 2]

@@ -26,7 +26,7 @@ from .train_config import RECIPE_CONFIGS, DFlashTrainConfig, load_train_config, 
 
 # %% auto #0
 __all__ = ['QWEN3_8B_CONFIG_DIR', 'GiB', 'CUDA_CONTEXT_BYTES', 'NCCL_BYTES', 'FRAGMENTATION', 'CATEGORIES', 'NO_DATA',
-           'memory_target_config', 'allowance', 'memory_config', 'sdpa_mask_bytes', 'measure_memory', 'memory_table',
+           'memory_target_config', 'allowance', 'sdpa_mask_bytes', 'measure_memory', 'memory_table',
            'memory_run_config', 'measure_config', 'format_memory', 'estimate_memory']
 
 # %% ../nbs/22_memory.ipynb #mem00006
@@ -164,12 +164,14 @@ def _categories(snap: dict, target_bytes: int, ddp_bytes: int) -> dict:
                 optimizer=by.get("Optstate", 0), activations=by.get("Activation", 0) + by.get("Temp", 0),
                 buffers_other=by.get("Buffer", 0) + by.get("Other", 0), ddp_buckets=ddp_bytes)
 
-# %% ../nbs/22_memory.ipynb #b9fffd1b
-CATEGORIES = ("target", "draft_weights", "gradients", "optimizer", "activations", "buffers_other", "ddp_buckets")
-
+# %% ../nbs/22_memory.ipynb #b9fffd01
 def memory_config(recipe: str = "domino", **sizes) -> DFlashTrainConfig:
     "A training config of `recipe` with `sizes` (its class's defaults otherwise): what `measure_memory` measures."
     return RECIPE_CONFIGS[recipe](**{"mask_token_id": 0, **sizes})
+
+# %% ../nbs/22_memory.ipynb #b9fffd02
+CATEGORIES = ("target", "draft_weights", "gradients", "optimizer", "activations", "buffers_other", "ddp_buckets")
+
 
 def sdpa_mask_bytes(cfg: DFlashTrainConfig) -> int:
     "The dense block mask SDPA reads (float32, B·q·(S+q) for q = num_anchors·block_size); EAGLE-3 has no block mask."

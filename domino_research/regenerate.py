@@ -38,8 +38,8 @@ from domino_research.data import (
 from .target import check_device, check_target_path, load_target, load_tokenizer
 
 # %% auto #0
-__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'ServerError', 'OpenAIServer', 'target_fingerprint', 'run_identity', 'meta_path',
-           'merge_shards', 'length_batches', 'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
+__all__ = ['MAX_TIMEOUT_S', 'BATCHES', 'ServerError', 'OpenAIServer', 'target_fingerprint', 'meta_path', 'length_batches',
+           'Interrupted', 'regenerate', 'main', 'cli', 'check_data_thinking']
 
 # %% ../nbs/12_regenerate.ipynb #cdb5b14e
 def _prompt_groups(messages: list[dict]) -> list[list[dict]]:
@@ -321,9 +321,10 @@ def _name(obj) -> str:
     n = str(getattr(obj, "name_or_path", "") or "")
     return str(Path(n).resolve()) if n and Path(n).exists() else n
 
-# %% ../nbs/12_regenerate.ipynb #54d4bb99
+
 BATCHES = "longest-prompt-first"   # how rows are grouped into batches: sampled answers depend on it (their seeds are per batch)
 
+# %% ../nbs/12_regenerate.ipynb #54d4bb01
 def run_identity(target, tokenizer, max_new_tokens: int, temperature: float, enable_thinking: bool, seed: int) -> dict:
     "What a regenerated answer depends on: the `<out>.meta.json` record (a server target names itself)."
     name, fingerprint = target.identity() if isinstance(target, OpenAIServer) else (_name(target), target_fingerprint(target))

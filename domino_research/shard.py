@@ -17,7 +17,7 @@ from .target import load_target_config, target_dtype, target_folder
 
 
 # %% auto #0
-__all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm', 'param_names',
+__all__ = ['shard_target', 'load_sharded_target', 'check_sharding', 'shard_draft', 'no_sync', 'clip_grad_norm',
            'full_draft_state', 'full_optimizer_state', 'load_optimizer_state', 'Parallel']
 
 # %% ../nbs/18_shard.ipynb #bc9d1b78

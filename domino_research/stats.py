@@ -10,8 +10,7 @@ import functools
 import numpy as np
 
 # %% auto #0
-__all__ = ['paired_bootstrap_ratio', 't_cdf', 't_quantile', 'seed_t_interval', 'wider_interval', 'pooled_tau_ratio',
-           'pooled_rate_difference']
+__all__ = ['paired_bootstrap_ratio', 'seed_t_interval', 'wider_interval', 'pooled_tau_ratio', 'pooled_rate_difference']
 
 # %% ../nbs/07_stats.ipynb #17ef9b30
 def bootstrap_indices(n: int, n_boot: int, seed: int = 0, groups=None) -> np.ndarray:

@@ -131,8 +131,9 @@ def papermill_ctrl_c(nb: Path, out: Path, *params: str) -> tuple[int, str]:
     finally: p.kill()
 
 
-# Ctrl-C lands at the first checkpoint (step 2): 8 steps (seconds) later the run would end; the resume trains those 8
-PM_PARAMS = ("-p", "max_steps", "10", "-p", "n_eval_prompts", "0", "-p", "extra", "{save_every_steps: 2, num_epochs: 20}")
+# Ctrl-C lands at the first checkpoint (step 2), well inside training: with 10 steps the signal could arrive after the
+# last step on a loaded machine (a fresh-clone run's kernel died then), so the run keeps 38 steps to go
+PM_PARAMS = ("-p", "max_steps", "40", "-p", "n_eval_prompts", "0", "-p", "extra", "{save_every_steps: 2, num_epochs: 20}")
 
 
 def test_ctrl_c_under_papermill_is_one_line_that_resumes(tmp_path):
@@ -158,7 +159,7 @@ def test_ctrl_c_under_papermill_is_one_line_that_resumes(tmp_path):
                               timeout=600)
     assert followed.returncode == 0, followed.stderr[-3000:]
     rows = [json.loads(l) for l in (tmp_path / "pm" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1].get("final") and rows[-1]["step"] == 10
+    assert rows[-1].get("final") and rows[-1]["step"] == 40
 
 
 def test_fault_ctrl_c_without_the_handler_loses_the_hint(tmp_path):
