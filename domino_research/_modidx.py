@@ -688,6 +688,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                                    'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.save_target': ( 'embedded_build.html#save_target',
                                                                                                 'domino_research/embedded_build.py'),
+                                                'domino_research.embedded_build.ship_licence': ( 'embedded_build.html#ship_licence',
+                                                                                                 'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.split_by_module': ( 'embedded_build.html#split_by_module',
                                                                                                     'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.stdlib_modules': ( 'embedded_build.html#stdlib_modules',

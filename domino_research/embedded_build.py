@@ -33,10 +33,10 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'STAGES',
-           'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus', 'write_jsonl', 'train_tokenizer',
-           'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows', 'save_target',
-           'response_stats', 'build_embedded', 'main']
+__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'LICENCE_NAME',
+           'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus', 'write_jsonl',
+           'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
+           'ship_licence', 'save_target', 'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -443,6 +443,21 @@ def fit_rows(tokenizer, rows: list[dict], seq_length: int) -> list[dict]:
     return [r for r in rows if len(chat_tokens(tokenizer, r["messages"])["input_ids"]) <= seq_length]
 
 # %% ../nbs/14_embedded_build.ipynb #10a9eab0
+LICENCE_NAME = "LICENSE-PSF.txt"     # beside the corpus and the weights trained on it
+
+def ship_licence(out_dir, corpus_source, stdlib: Path | None = None) -> Path:
+    """Copy the licence of the corpus's text into `out_dir`: the interpreter's own `LICENSE.txt` for a stdlib corpus, the
+    licence file of the build a corpus is copied from otherwise."""
+    src = (Path(stdlib or stdlib_root()) / "LICENSE.txt" if corpus_source == "stdlib"
+           else Path(corpus_source) / LICENCE_NAME)
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: the licence of the corpus's text is missing; a build ships it beside the corpus "
+                                "(for a stdlib corpus, pass --corpus stdlib with a Python install that has its LICENSE.txt)")
+    dst = Path(out_dir) / LICENCE_NAME
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return dst
+
 def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body"):
     if corpus_source == "stdlib":
         corpus = build_corpus(stdlib, n_test, n_validation, seed, modules, task=task)
@@ -452,6 +467,7 @@ def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation,
         log(f"corpus copied from {corpus_source}: " + str({s: len(v) for s, v in corpus.items()}))
     for s in SPLITS:
         write_jsonl(corpus[s], corpus_path(out_dir, s))
+    log(f"licence: {ship_licence(out_dir, corpus_source, stdlib)}")
 
 # %% ../nbs/14_embedded_build.ipynb #74e8f158
 def _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_seconds=None):
