@@ -21,7 +21,7 @@ from .embedded import resolve_data_path, resolve_target_path
 from .export import KEPT_DRAFT
 from .variants import VARIANTS, config_fields, resolve_variant, trains_draft
 from .results import latency, plot_results, results_markdown, summarize, upgraded_record
-from .study_run import PROMPT_SAMPLE, TargetCache, finished_record, read_json, run_one
+from .study_run import PROMPT_SAMPLE, TargetCache, eval_prompt_count, finished_record, read_json, run_one
 
 # %% auto #0
 __all__ = ['time_kept_drafts', 'plan_ablation', 'run_ablation']
@@ -171,7 +171,7 @@ def run_ablation(
     steps: int,
     seeds,
     out_dir,
-    n_eval_prompts: int,
+    n_eval_prompts: int | str,
     max_new_tokens: int,
     block_size: Optional[int] = None,
     base_overrides: Optional[dict] = None,
@@ -181,9 +181,12 @@ def run_ablation(
     jobs: int = 1,
     log=print,
     keep_drafts: bool = True,
+    keep_steps=(),
 ) -> dict:
     """Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir.
-    `jobs` > 1 runs that many (variant, seed) at a time in worker processes that share this process's torch threads."""
+    `jobs` > 1 runs that many (variant, seed) at a time in worker processes that share this process's torch threads.
+    `n_eval_prompts`: prompts decoded per run, or "all"; `keep_steps`: each run also keeps the drafts of its checkpoints
+    at these optimiser steps (`run_one`)."""
     table = VARIANTS if table is None else table
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: must be an integer >= 1 (got {jobs!r})")
@@ -193,12 +196,13 @@ def run_ablation(
     seeds = [int(s) for s in ([seeds] if isinstance(seeds, int) else seeds)]
     if not seeds: raise ConfigError("seeds: give at least one seed")
     prompts = str(prompts) if prompts else "embedded:test"     # recorded as given: results.json holds no machine path
+    eval_prompt_count(n_eval_prompts, prompts)                 # a bad count, or prompts that do not read: before training
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0, targets = time.perf_counter(), TargetCache()
     tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
                           prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, drafter=table[n].drafter,
-                          keep_drafts=keep_drafts)
+                          keep_drafts=keep_drafts, keep_steps=tuple(keep_steps))
              for n in variants for s in seeds}
     done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
     for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")

@@ -14,7 +14,7 @@ import torch
 from .config import ConfigError
 from .files import dumps_strict, write_atomic
 from .embedded import resolve_data_path, resolve_target_path, sha256_file
-from .evaluation import evaluate_draft
+from .evaluation import evaluate_draft, read_prompts
 from .target import load_target, load_tokenizer
 from .lifecycle import list_checkpoints
 from .train import DFlashTrainConfig, load_train_config, main
@@ -23,7 +23,7 @@ from .results import legacy_lookup_spec, result_record, upgraded_record
 
 # %% auto #0
 __all__ = ['FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE', 'file_digest', 'read_json', 'keep_draft', 'TargetCache',
-           'finished_record', 'run_one']
+           'eval_prompt_count', 'finished_record', 'run_one']
 
 # %% ../nbs/40d_study_run.ipynb #0c0fa885
 _WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume", "save_every_steps", "keep_checkpoints",
@@ -61,6 +61,9 @@ def source_digest(source: Optional[str], **kw) -> Optional[str]:
     return h.hexdigest()
 
 # %% ../nbs/40d_study_run.ipynb #7058cf79
+# The rule for a key added to the fingerprint later (a decode's temperature, another target, ...): it is left out when it
+# has its default, as `drafter` is (`_run_settings`) and `length_group_steps` is here, so that every run recorded before
+# the key existed keeps its identity and stays done (a study that runs for days is not retrained by a new feature).
 def _fingerprint(cfg: DFlashTrainConfig, evaluation: dict) -> dict:
     "A run's identity: config (minus where it is written), what its inputs hold, and the evaluation settings."
     c = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _WHERE_KEYS}
@@ -84,14 +87,20 @@ def read_json(path: Path) -> Optional[dict]:
 # %% ../nbs/40d_study_run.ipynb #7938c533
 from domino_research.export import KEPT_DRAFT   # a run's kept draft (draft_bf16/): about 1.5 MB for the embedded recipe
 
+def kept_step_draft(run_dir, step: int) -> Path:
+    "Where a run keeps the draft of its checkpoint at optimiser step `step` (`run_one`'s `keep_steps`), in bf16."
+    return Path(run_dir) / f"{KEPT_DRAFT}_step{step}"
+
 def delete_weights(run_dir) -> list[Path]:
-    "Remove a run's checkpoints and every *.safetensors under it but its kept draft (results stay); returns what was removed."
+    """Remove a run's checkpoints and every *.safetensors under it but its kept drafts (the final one and those of
+    `kept_step_draft`; results stay); returns what was removed."""
     run_dir, gone = Path(run_dir), []
+    kept = [run_dir / KEPT_DRAFT, *run_dir.glob(f"{KEPT_DRAFT}_step*")]
     if (run_dir / "checkpoints").is_dir():
         shutil.rmtree(run_dir / "checkpoints")
         gone.append(run_dir / "checkpoints")
     for f in sorted(run_dir.rglob("*.safetensors")):
-        if (run_dir / KEPT_DRAFT) in f.parents: continue
+        if any(k in f.parents for k in kept): continue
         f.unlink()
         gone.append(f)
     return gone
@@ -125,6 +134,15 @@ class TargetCache:
 PROMPT_SAMPLE = {"prompt_seed": 0, "stratify_by": "auto"}   # every run decodes the same seeded, stratified sample (notebook 32)
 
 
+# %% ../nbs/40d_study_run.ipynb #e3a90003
+def eval_prompt_count(n_eval_prompts, prompts) -> int:
+    """How many prompts a run decodes: `n_eval_prompts`, or every prompt of `prompts` when it is "all" (counted in the file,
+    so a study says "all the validation prompts" without writing down how many there are)."""
+    if n_eval_prompts == "all": return len(read_prompts(resolve_data_path(str(prompts))))
+    if isinstance(n_eval_prompts, bool) or not isinstance(n_eval_prompts, int) or n_eval_prompts < 1:
+        raise ConfigError(f"n_eval_prompts: must be an integer >= 1 or \"all\" (got {n_eval_prompts!r})")
+    return n_eval_prompts
+
 # %% ../nbs/40d_study_run.ipynb #fad5a851
 @contextlib.contextmanager
 def stopwatch(path: Path, resume: bool, every: float = 30.0):
@@ -149,7 +167,7 @@ def stopwatch(path: Path, resume: bool, every: float = 30.0):
 
 # %% ../nbs/40d_study_run.ipynb #03d4373f
 def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int, out_dir, prompts, n_eval_prompts: int,
-                  max_new_tokens: int, drafter: Optional[dict] = None, **_) -> tuple:
+                  max_new_tokens: int, drafter: Optional[dict] = None, keep_steps=(), **_) -> tuple:
     "(run_dir, training keys, config, fingerprint) of one (variant, seed)."
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
@@ -170,6 +188,11 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
         "run_name": run_dir.name,
         "overwrite": True,
     }
+    if keep_steps:          # the checkpoints from the first of `keep_steps` on stay until `run_one` keeps their drafts
+        every = kw["save_every_steps"]
+        bad = [s for s in keep_steps if isinstance(s, bool) or not isinstance(s, int) or not 0 < s < steps or s % every]
+        if bad: raise ConfigError(f"keep_steps: {bad} are not checkpoints of this run (multiples of {every} below {steps})")
+        kw["keep_checkpoints"] = steps // every - min(keep_steps) // every + 2      # (+1: a last save off the grid)
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
     if drafter and dict(drafter) != {"drafter": "draft"}: evaluation["drafter"] = dict(drafter)   # (the default: as before)
@@ -214,28 +237,43 @@ def _train(name: str, seed: int, run_dir: Path, config: str, kw: dict, fp: dict,
                            f"{steps} (windows with no valid anchor are skipped); see {run_dir / 'metrics.jsonl'}")
     return trained
 
+def _keep_step_drafts(run_dir: Path, steps) -> dict:
+    "{step: bytes} of the drafts of the run's checkpoints at `steps`, each kept in bf16 at `kept_step_draft` once."
+    out = {}
+    for s in steps:
+        kept, ck = kept_step_draft(run_dir, s), run_dir / "checkpoints" / f"step-{s}" / "draft"
+        if not (kept / "model.safetensors").is_file():
+            if not ck.is_dir(): raise RuntimeError(f"keep_steps: {ck} is gone (a run trained before keep_steps was asked); "
+                                                   f"delete {run_dir} to train it again with its step-{s} checkpoint kept")
+            keep_draft(ck, kept)
+        out[str(s)] = sum(f.stat().st_size for f in kept.glob("*.safetensors"))
+    return out
+
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
-            n_eval_prompts: int, max_new_tokens: int, targets: Optional[TargetCache] = None, log=print,
-            drafter: Optional[dict] = None, keep_drafts: bool = True) -> dict:
+            n_eval_prompts: int | str, max_new_tokens: int, targets: Optional[TargetCache] = None, log=print,
+            drafter: Optional[dict] = None, keep_drafts: bool = True, keep_steps=()) -> dict:
     """Train (if its drafter decodes with a trained draft), decode and clean up one (variant, seed); returns its record
     (also written to <run>/result.json). `drafter`: {"drafter": name, **settings} (None: the trained draft alone).
-    `keep_drafts`: the trained draft stays in <run>/draft_bf16 (bf16 safetensors); every other weight is deleted."""
+    `n_eval_prompts`: how many prompts are decoded, or "all". `keep_drafts`: the trained draft stays in <run>/draft_bf16
+    (bf16 safetensors); `keep_steps`: so do the drafts of the checkpoints at these steps; every other weight is deleted."""
     spec = dict(drafter or {"drafter": "draft"})
     run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens,
-                                         drafter=spec)
+                                         drafter=spec, keep_steps=keep_steps)
     done = read_json(run_dir / "result.json")
     if _same_run(done, fp):
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
         return upgraded_record(done)
     trained = _train(name, seed, run_dir, config, kw, fp, steps, log) if trains_draft(spec) else None
-    targets, t0 = targets or TargetCache(), time.perf_counter()
+    kept_steps = _keep_step_drafts(run_dir, keep_steps) if trained and keep_steps else None
+    targets, t0, n_prompts = targets or TargetCache(), time.perf_counter(), eval_prompt_count(n_eval_prompts, prompts)
     ev = evaluate_draft(run_dir / "draft" if trained else None, target=targets(resolve_target_path(cfg.target)),
-                        prompts=resolve_data_path(str(prompts)), n_prompts=n_eval_prompts, max_new_tokens=max_new_tokens,
+                        prompts=resolve_data_path(str(prompts)), n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                         enable_thinking=cfg.enable_thinking, **PROMPT_SAMPLE, **spec)
     settings = {k: v for k, v in spec.items() if k != "drafter"}
     rec = result_record(name, seed, ev, spec, changes if trained else settings, fp, time.perf_counter() - t0,
                         cfg.recipe if trained else None, trained)
     if trained and keep_drafts: rec["kept_draft_bytes"] = keep_draft(run_dir / "draft", run_dir / KEPT_DRAFT)
+    if kept_steps: rec["kept_step_draft_bytes"] = kept_steps
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
     if trained: delete_weights(run_dir)

@@ -82,6 +82,15 @@ def _head_share(cfg, load, share: float = 0.05) -> dict:
         if draft_parameters(dataclasses.replace(cfg, **head)) - backbone <= share * backbone: return head
     return {"emb_dim": 1, "gru_hidden_dim": 1}
 
+# %% ../nbs/40_variants.ipynb #e3a90001
+def _eagle3_matched(cfg, load) -> dict:
+    """EAGLE-3's one decoder layer with its MLP widened to the width that brings the draft nearest the Domino draft's
+    parameter count (backbone + head). Both read the target's embedding and LM head, frozen: neither counts on either side."""
+    narrow = dataclasses.replace(cfg, draft_intermediate_size=1)
+    per_width = 3 * load_target_config(resolve_target_path(cfg.target), cfg.trust_remote_code).hidden_size   # one layer
+    width = 1 + round((draft_parameters(load("embedded_domino")) - draft_parameters(narrow)) / per_width)
+    return {"draft_intermediate_size": max(1, width)}
+
 # %% ../nbs/40_variants.ipynb #a6e07fbc
 def _depth_matched(layers: int) -> Callable:
     """Domino's label convention, `layers` draft layers, and the MLP width that brings the draft nearest Domino's
@@ -120,6 +129,10 @@ VARIANTS = {
         "embedded_domino", {}, "prompt lookup (vLLM's ngram: n 1–3, 15 proposals), no draft, no training",
         drafter={"drafter": "lookup", **PROJECT_LOOKUP},  # earliest occurrence, no self-extension: not lookup's defaults
     ),
+    "eagle3": Variant(                           # decoded by the `eagle3` drafter: a chain of block_size - 1 proposals
+        "embedded_eagle3", _eagle3_matched, "EAGLE-3, one decoder layer, MLP widened to Domino's parameter count",
+        drafter="eagle3",
+    ),
 }
 
 # %% ../nbs/40_variants.ipynb #21379416
@@ -151,8 +164,8 @@ def resolve_variant(name: str, variant: Variant, block_size: Optional[int] = Non
 # %% ../nbs/40_variants.ipynb #3e7264ed
 def tiny_setting(root) -> dict:
     """A tiny random setting under `root`, for a table that runs in seconds (the notebooks' checks, a dry run of a study):
-    an 8-layer Qwen3 target with random weights and a chat tokenizer, chat data counting numbers, and both recipe configs
-    as YAML. Returns the `configs` mapping (`run_ablation(..., configs=...)`) and the prompts file."""
+    an 8-layer Qwen3 target with random weights and a chat tokenizer, chat data counting numbers, and the three recipe
+    configs as YAML. Returns the `configs` mapping (`run_ablation(..., configs=...)`) and the prompts file."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from domino_research.data import toy_chat_tokenizer
     root, rng = Path(root), random.Random(0)
@@ -175,5 +188,7 @@ def tiny_setting(root) -> dict:
                   draft_num_hidden_layers=2, micro_batch_size=2, learning_rate=1e-3, warmup_ratio=0.0)
     (root / "dflash.yaml").write_text(yaml.safe_dump({"recipe": "dflash", **common}))
     (root / "domino.yaml").write_text(yaml.safe_dump({"recipe": "domino", **common, "emb_dim": 8, "gru_hidden_dim": 16}))
-    return {"configs": {"embedded_dflash": str(root / "dflash.yaml"), "embedded_domino": str(root / "domino.yaml")},
-            "prompts": str(root / "val.jsonl")}
+    (root / "eagle3.yaml").write_text(yaml.safe_dump({"recipe": "eagle3", **common, "draft_num_hidden_layers": 1,
+                                                      "ttt_steps": 3}))       # a chain of block_size - 1 proposals
+    return {"configs": {"embedded_dflash": str(root / "dflash.yaml"), "embedded_domino": str(root / "domino.yaml"),
+                        "embedded_eagle3": str(root / "eagle3.yaml")}, "prompts": str(root / "val.jsonl")}

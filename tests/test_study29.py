@@ -1,0 +1,124 @@
+"""Study 29's runner (runs/ablations/study29/study.py): piece 1 (`tune`) run end to end on the tiny random setting, and the
+checks it makes shown to fail on the faults they exist to catch."""
+import dataclasses
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from domino_research.ablations import plan_ablation
+from domino_research.evaluation import read_prompts
+from domino_research.embedded import resolve_data_path
+from domino_research.rates import lr_sweep
+from domino_research.study_run import _run_settings, eval_prompt_count
+from domino_research.variants import draft_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "runs/ablations/study29/study.py"
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("study29_study", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_edge_rule():
+    s = _study()
+    tried = {"a": [1e-3, 3e-3, 1e-2], "b": [1e-3, 3e-3, 1e-2], "c": [1e-3, 3e-3, 1e-2], "d": [1e-4, 3e-4, 1e-3]}
+    best = {"a": 1e-3, "b": 3e-3, "c": 1e-2, "d": 1e-4}
+    # low edge: the next half-decade below; inside: nothing; high edge: the next above; the ladder's end: nothing
+    assert s.extensions(best, tried) == [("a", 3e-4), ("c", 3e-2)]
+    # a one-rate grid is at both edges at once
+    assert s.extensions({"a": 3e-3}, {"a": [3e-3]}) == [("a", 1e-3), ("a", 1e-2)]
+
+
+def test_tune_embedded_plans_the_readme_grid():
+    "The real piece's table, resolved without training: 3 drafters × 3 rates, each at Domino's parameter count."
+    s = _study()
+    setting = s.TARGETS["embedded"]()
+    assert (setting.validation, setting.steps, setting.keep_steps, setting.jobs) == ("embedded:validation", 2880, (720, 1440), 2)
+    assert setting.root == SCRIPT.parent / "embedded"
+    # "all": every row of the shipped validation file, counted there (315 today), not a number written in the study
+    n_rows = sum(1 for line in Path(resolve_data_path("embedded:validation")).read_text().splitlines() if line.strip())
+    assert eval_prompt_count("all", "embedded:validation") == n_rows > 0
+    table = lr_sweep([(v, lr) for v in s.TRAINED for lr in s.GRID])
+    plan = plan_ablation(list(table), table=table)
+    assert sorted(plan) == sorted(f"{v}_lr{lr:g}" for v in s.TRAINED for lr in (1e-3, 3e-3, 1e-2))
+    params = {n: draft_parameters(p[3]) for n, p in plan.items()}
+    domino = params["domino_lr0.001"]
+    for n, c in params.items():
+        assert abs(c / domino - 1) < 0.002, (n, c, domino)
+    assert plan["eagle3_lr0.01"][3].recipe == "eagle3" and plan["eagle3_lr0.01"][3].learning_rate == 1e-2
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    "Piece 1 on the tiny setting (one run at a time here: the worker processes are test_ablations' business)."
+    s = _study()
+    root = tmp_path_factory.mktemp("study29")
+    setting = dataclasses.replace(s.tiny(root), jobs=1)
+    log = []
+    best = s.tune(setting, log=log.append)
+    return s, setting, best, log
+
+
+def test_tune_tiny_runs_every_drafter_on_every_validation_prompt(tuned):
+    s, setting, best, log = tuned
+    out = setting.root / "tune"
+    res = json.loads((out / "results.json").read_text())
+    saved = json.loads((out / "best_lr.json").read_text())
+    assert saved["best"] == best and set(best) == set(s.TRAINED)
+    for v in s.TRAINED:                               # the grid, and whatever the edge rule added, each run done
+        assert set(s.GRID) <= set(saved["tried"][v])
+        assert {f"{v}_lr{lr:g}" for lr in saved["tried"][v]} <= set(res["variants"])
+    ids = sorted(r["id"] for r in read_prompts(setting.validation))
+    for name in res["variants"]:
+        run = out / "runs" / name / "seed0"
+        rec = json.loads((run / "result.json").read_text())
+        assert sorted(p["prompt_id"] for p in rec["per_prompt"]) == ids and rec["lossless"] is True
+        assert rec["fingerprint"]["evaluation"]["n_eval_prompts"] == "all"
+        assert rec["drafter"]["drafter"] == ("eagle3" if name.startswith("eagle3") else "draft")
+        for step in setting.keep_steps:               # the checkpoints' drafts piece 5 decodes, and the final one
+            assert (run / f"draft_bf16_step{step}" / "model.safetensors").is_file(), (name, step)
+        assert (run / "draft_bf16" / "model.safetensors").is_file() and not (run / "checkpoints").exists()
+    s.check_decoded_all(out, res, setting.validation)
+
+
+def test_tune_check_fails_on_other_prompts(tuned):
+    "The check `tune` makes after each round fails on a run that decoded a sample, or another prompt file."
+    s, setting, _, _ = tuned
+    src = setting.root / "tune"
+    res = json.loads((src / "results.json").read_text())
+    name = next(iter(res["variants"]))
+    for fault in ("sample", "other file"):
+        bad = setting.root / f"bad_{fault.replace(' ', '_')}"
+        shutil.copytree(src, bad, ignore=shutil.ignore_patterns("*.safetensors", "*.png"))
+        f = bad / "runs" / name / "seed0" / "result.json"
+        rec = json.loads(f.read_text())
+        if fault == "sample": rec["per_prompt"] = rec["per_prompt"][:2]
+        else: rec["fingerprint"]["evaluation"]["prompts"] = "0" * 64
+        f.write_text(json.dumps(rec))
+        with pytest.raises(AssertionError, match=name):
+            s.check_decoded_all(bad, res, setting.validation)
+
+
+def test_tune_resumes_and_keeps_identities(tuned):
+    "Run again, every run is found done (nothing trains); keeping checkpoints does not change a run's identity."
+    s, setting, best, _ = tuned
+    log = []
+    assert s.tune(setting, log=log.append) == best
+    assert not any("trained in" in line for line in log) and any("(skipped)" in line for line in log)
+    fp = lambda **kw: _run_settings("domino", 0, setting.configs["embedded_domino"], {}, setting.steps, setting.root,
+                                    setting.validation, "all", setting.max_new_tokens, **kw)[3]
+    assert fp(keep_steps=setting.keep_steps) == fp()
+
+
+def test_cli_refuses_out_without_tiny(capsys):
+    s = _study()
+    with pytest.raises(SystemExit):
+        s.main(["tune", "embedded", "--out", "/tmp/x"])
+    assert "--out is for --tiny only" in capsys.readouterr().err
