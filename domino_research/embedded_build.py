@@ -33,10 +33,10 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'LICENCE_NAME',
-           'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus', 'write_jsonl',
-           'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
-           'ship_licence', 'save_target', 'response_stats', 'build_embedded', 'main']
+__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'TRAINER_STATE',
+           'LICENCE_NAME', 'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus',
+           'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy', 'train_target',
+           'fit_rows', 'ship_licence', 'save_target', 'response_stats', 'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -393,20 +393,54 @@ def assistant_accuracy(model, tokenizer, rows: list[dict], max_tokens: int = 819
             "bits_per_byte": nll / math.log(2) / max(nbytes, 1)}
 
 # %% ../nbs/14_embedded_build.ipynb #f0563442
+TRAINER_STATE = "trainer_state.pt"   # beside the checkpoint's weights: what a resumed run needs besides them
+
+def _save_state(save_dir: Path, model, opt, sched, settings: dict, step: int, epoch: int, batches, history) -> None:
+    "The checkpoint at `step`: weights for a reader (`save_pretrained`), and everything a resume needs, written atomically."
+    model.save_pretrained(save_dir)
+    state = dict(settings=settings, step=step, epoch=epoch, batches=batches, history=history, model=model.state_dict(),
+                 optimizer=opt.state_dict(), scheduler=sched.state_dict())
+    torch.save(state, save_dir / f"{TRAINER_STATE}.tmp")
+    (save_dir / f"{TRAINER_STATE}.tmp").replace(save_dir / TRAINER_STATE)
+
+def _resume_state(save_dir: Path | None, settings: dict) -> dict | None:
+    "The checkpoint in `save_dir` if there is one (None otherwise); refused in one line if it was trained otherwise."
+    path = None if save_dir is None else Path(save_dir) / TRAINER_STATE
+    if path is None or not path.is_file(): return None
+    state = torch.load(path, weights_only=True)               # a file on disk: loaded without executing code
+    if state["settings"] != settings:
+        diff = {k: (state["settings"].get(k), v) for k, v in settings.items() if state["settings"].get(k) != v}
+        raise ValueError(f"{path}: a checkpoint of other training settings {diff} (saved, now); rerun with the saved "
+                         f"settings to continue it, or remove {Path(save_dir)} to start over")
+    return state
+
 def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict] | None = None, steps: int = 1000,
                  max_tokens: int = 8192, lr: float = 2e-3, warmup_ratio: float = 0.03, weight_decay: float = 0.1,
                  max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 10, eval_every: int = 0,
                  save_dir: Path | None = None, max_seconds: float | None = None, log=print) -> list[dict]:
     """Train `model` in place for `steps` optimizer steps over length-grouped batches of `train_rows`; returns the log.
 
-    `max_seconds` is a safety stop for a shared machine: past it, training ends early (logged), the schedule unfinished."""
+    With `save_dir`, each evaluation also checkpoints there, and a run that finds a checkpoint of the same settings
+    continues from it: the weights, optimizer, schedule and batch order are restored, so the result is the uninterrupted
+    run's. `max_seconds` is a safety stop for a shared machine: past it (in this call), training ends early (logged)."""
     torch.manual_seed(seed)
     seqs = [chat_tokens(tokenizer, r["messages"]) for r in train_rows]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_ratio * steps)), steps)
-    history, batches, epoch, t0 = [], [], 0, time.time()
+    settings = dict(steps=steps, max_tokens=max_tokens, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
+                    max_grad_norm=max_grad_norm, seed=seed, rows=len(seqs), eval_every=eval_every)
+    history, batches, epoch, first = [], [], 0, 1
+    if (state := _resume_state(save_dir, settings)) is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        history, batches, epoch, first = state["history"], state["batches"], state["epoch"], state["step"] + 1
+        log(f"resuming target training at step {first} of {steps} from {save_dir}")
+    t0 = time.time() - (history[-1]["elapsed_s"] if history else 0.0)   # elapsed_s counts the whole run's training
+    t_call = time.time()
     phase = Phase("target training", total=steps, unit="step")   # the longest stage of the build: a bar with its ETA
-    for step in range(1, steps + 1):
+    phase.update(first - 1)
+    for step in range(first, steps + 1):
         if not batches:  # a new epoch: reshuffle the batch order
             batches = length_batches([len(s["input_ids"]) for s in seqs], max_tokens, seed + epoch)
             epoch += 1
@@ -424,13 +458,13 @@ def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict]
         if eval_rows and eval_every and (step % eval_every == 0 or step == steps):
             rec.update({f"val_{k}": v for k, v in assistant_accuracy(model, tokenizer, eval_rows, max_tokens).items()
                         if k in ("accuracy", "ce")})
-            if save_dir is not None:
-                model.save_pretrained(save_dir)
         history.append(rec)
+        if save_dir is not None and eval_every and (step % eval_every == 0 or step == steps):
+            _save_state(Path(save_dir), model, opt, sched, settings, step, epoch, batches, history)
         phase.update(loss=f"{rec['loss']:.3f}")
         if step % log_every == 0 or step == steps or "val_accuracy" in rec:
             log(json.dumps(rec))
-        if max_seconds is not None and time.time() - t0 > max_seconds and step < steps:
+        if max_seconds is not None and time.time() - t_call > max_seconds and step < steps:
             log(f"stopping at step {step} of {steps}: past max_seconds={max_seconds}")
             break
     phase.done(f"{len(history)} steps", f", loss {history[-1]['loss']:.3f}" if history else "")
