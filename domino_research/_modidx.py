@@ -670,6 +670,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                                 'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.dedupe_rows': ( 'embedded_build.html#dedupe_rows',
                                                                                                 'domino_research/embedded_build.py'),
+                                                'domino_research.embedded_build.extra_train_rows': ( 'embedded_build.html#extra_train_rows',
+                                                                                                     'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.extract_docstrings': ( 'embedded_build.html#extract_docstrings',
                                                                                                        'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build.extract_functions': ( 'embedded_build.html#extract_functions',
