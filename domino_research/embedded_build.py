@@ -33,10 +33,11 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['TASKS', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE', 'LICENCE_NAME',
-           'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings', 'build_corpus', 'write_jsonl',
-           'train_tokenizer', 'target_config', 'length_batches', 'assistant_accuracy', 'train_target', 'fit_rows',
-           'ship_licence', 'save_target', 'response_stats', 'build_embedded', 'main']
+__all__ = ['TASKS', 'EXTRA_SPLIT', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
+           'TRAINER_STATE', 'LICENCE_NAME', 'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings',
+           'build_corpus', 'extra_train_rows', 'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches',
+           'assistant_accuracy', 'train_target', 'fit_rows', 'ship_licence', 'save_target', 'response_stats',
+           'build_embedded', 'main']
 
 # %% ../nbs/14_embedded_build.ipynb #b57c3331
 # Folders that are not "library code a user would ask for": tests, demos, installed packages, build data.
@@ -246,6 +247,16 @@ def build_corpus(root: Path | None = None, n_test: int = 300, n_validation: int 
     split["train"] += [r for r in rows if not held_out_form(r) and r["module"] not in held_out]
     return split
 
+# %% ../nbs/14_embedded_build.ipynb #c0ffee18
+EXTRA_SPLIT = "train_extra"      # the corpus file of another task's rows the target also trains on
+
+def extra_train_rows(corpus: dict[str, list[dict]], task: str, root: Path | None = None,
+                     modules: list[str] | None = None) -> list[dict]:
+    "The rows of `task` from every module outside `corpus`'s held-out splits (`root`, `modules`: as `build_corpus`)."
+    held_out = {r["module"] for s in ("validation", "test") for r in corpus[s]}
+    rows = build_corpus(root, n_test=0, n_validation=0, modules=modules, task=task)["train"]
+    return [r for r in rows if r["module"] not in held_out]
+
 # %% ../nbs/14_embedded_build.ipynb #611d0efd
 def write_jsonl(rows: list[dict], path: Path) -> Path:
     "Write rows as JSONL (gzip when the name ends in `.gz`, read back by `data.read_jsonl`), creating the folder."
@@ -393,20 +404,54 @@ def assistant_accuracy(model, tokenizer, rows: list[dict], max_tokens: int = 819
             "bits_per_byte": nll / math.log(2) / max(nbytes, 1)}
 
 # %% ../nbs/14_embedded_build.ipynb #f0563442
+TRAINER_STATE = "trainer_state.pt"   # beside the checkpoint's weights: what a resumed run needs besides them
+
+def _save_state(save_dir: Path, model, opt, sched, settings: dict, step: int, epoch: int, batches, history) -> None:
+    "The checkpoint at `step`: weights for a reader (`save_pretrained`), and everything a resume needs, written atomically."
+    model.save_pretrained(save_dir)
+    state = dict(settings=settings, step=step, epoch=epoch, batches=batches, history=history, model=model.state_dict(),
+                 optimizer=opt.state_dict(), scheduler=sched.state_dict())
+    torch.save(state, save_dir / f"{TRAINER_STATE}.tmp")
+    (save_dir / f"{TRAINER_STATE}.tmp").replace(save_dir / TRAINER_STATE)
+
+def _resume_state(save_dir: Path | None, settings: dict) -> dict | None:
+    "The checkpoint in `save_dir` if there is one (None otherwise); refused in one line if it was trained otherwise."
+    path = None if save_dir is None else Path(save_dir) / TRAINER_STATE
+    if path is None or not path.is_file(): return None
+    state = torch.load(path, weights_only=True)               # a file on disk: loaded without executing code
+    if state["settings"] != settings:
+        diff = {k: (state["settings"].get(k), v) for k, v in settings.items() if state["settings"].get(k) != v}
+        raise ValueError(f"{path}: a checkpoint of other training settings {diff} (saved, now); rerun with the saved "
+                         f"settings to continue it, or remove {Path(save_dir)} to start over")
+    return state
+
 def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict] | None = None, steps: int = 1000,
                  max_tokens: int = 8192, lr: float = 2e-3, warmup_ratio: float = 0.03, weight_decay: float = 0.1,
                  max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 10, eval_every: int = 0,
                  save_dir: Path | None = None, max_seconds: float | None = None, log=print) -> list[dict]:
     """Train `model` in place for `steps` optimizer steps over length-grouped batches of `train_rows`; returns the log.
 
-    `max_seconds` is a safety stop for a shared machine: past it, training ends early (logged), the schedule unfinished."""
+    With `save_dir`, each evaluation also checkpoints there, and a run that finds a checkpoint of the same settings
+    continues from it: the weights, optimizer, schedule and batch order are restored, so the result is the uninterrupted
+    run's. `max_seconds` is a safety stop for a shared machine: past it (in this call), training ends early (logged)."""
     torch.manual_seed(seed)
     seqs = [chat_tokens(tokenizer, r["messages"]) for r in train_rows]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_ratio * steps)), steps)
-    history, batches, epoch, t0 = [], [], 0, time.time()
+    settings = dict(steps=steps, max_tokens=max_tokens, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
+                    max_grad_norm=max_grad_norm, seed=seed, rows=len(seqs), eval_every=eval_every)
+    history, batches, epoch, first = [], [], 0, 1
+    if (state := _resume_state(save_dir, settings)) is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        history, batches, epoch, first = state["history"], state["batches"], state["epoch"], state["step"] + 1
+        log(f"resuming target training at step {first} of {steps} from {save_dir}")
+    t0 = time.time() - (history[-1]["elapsed_s"] if history else 0.0)   # elapsed_s counts the whole run's training
+    t_call = time.time()
     phase = Phase("target training", total=steps, unit="step")   # the longest stage of the build: a bar with its ETA
-    for step in range(1, steps + 1):
+    phase.update(first - 1)
+    for step in range(first, steps + 1):
         if not batches:  # a new epoch: reshuffle the batch order
             batches = length_batches([len(s["input_ids"]) for s in seqs], max_tokens, seed + epoch)
             epoch += 1
@@ -424,13 +469,13 @@ def train_target(model, tokenizer, train_rows: list[dict], eval_rows: list[dict]
         if eval_rows and eval_every and (step % eval_every == 0 or step == steps):
             rec.update({f"val_{k}": v for k, v in assistant_accuracy(model, tokenizer, eval_rows, max_tokens).items()
                         if k in ("accuracy", "ce")})
-            if save_dir is not None:
-                model.save_pretrained(save_dir)
         history.append(rec)
+        if save_dir is not None and eval_every and (step % eval_every == 0 or step == steps):
+            _save_state(Path(save_dir), model, opt, sched, settings, step, epoch, batches, history)
         phase.update(loss=f"{rec['loss']:.3f}")
         if step % log_every == 0 or step == steps or "val_accuracy" in rec:
             log(json.dumps(rec))
-        if max_seconds is not None and time.time() - t0 > max_seconds and step < steps:
+        if max_seconds is not None and time.time() - t_call > max_seconds and step < steps:
             log(f"stopping at step {step} of {steps}: past max_seconds={max_seconds}")
             break
     phase.done(f"{len(history)} steps", f", loss {history[-1]['loss']:.3f}" if history else "")
@@ -458,7 +503,7 @@ def ship_licence(out_dir, corpus_source, stdlib: Path | None = None) -> Path:
     shutil.copyfile(src, dst)
     return dst
 
-def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body"):
+def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body", extra_task=None):
     if corpus_source == "stdlib":
         corpus = build_corpus(stdlib, n_test, n_validation, seed, modules, task=task)
         log(f"corpus ({task} task) from the stdlib at {stdlib or stdlib_root()}: " + str({s: len(v) for s, v in corpus.items()}))
@@ -467,6 +512,12 @@ def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation,
         log(f"corpus copied from {corpus_source}: " + str({s: len(v) for s, v in corpus.items()}))
     for s in SPLITS:
         write_jsonl(corpus[s], corpus_path(out_dir, s))
+    extra = corpus_path(corpus_source, EXTRA_SPLIT) if corpus_source != "stdlib" else None
+    if extra_task is not None and corpus_source == "stdlib":
+        rows = extra_train_rows(corpus, extra_task, stdlib, modules)
+        log(f"{EXTRA_SPLIT}: {len(rows)} rows of the {extra_task} task from the training modules, for the target only")
+        write_jsonl(rows, corpus_path(out_dir, EXTRA_SPLIT))
+    elif extra is not None and extra.is_file(): shutil.copyfile(extra, corpus_path(out_dir, EXTRA_SPLIT))
     log(f"licence: {ship_licence(out_dir, corpus_source, stdlib)}")
 
 # %% ../nbs/14_embedded_build.ipynb #74e8f158
@@ -474,6 +525,7 @@ def _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed
     tok = load_tokenizer(Path(out_dir) / TARGET_DIR)
     train = fit_rows(tok, read_jsonl(corpus_path(out_dir, "train")), seq_length)
     val = fit_rows(tok, read_jsonl(corpus_path(out_dir, "validation")), seq_length)
+    if (extra := corpus_path(out_dir, EXTRA_SPLIT)).is_file(): train += fit_rows(tok, read_jsonl(extra), seq_length)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(target_config(tok, **(model_kwargs or {})))
     log(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, {len(train)} training chats, "
@@ -586,24 +638,27 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
                    vocab_size: int = 384, model_kwargs: dict | None = None, seq_length: int = 768,
                    steps: int = 4000, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
-                   max_train_seconds: float | None = None, seed: int = 0, task: str = "body",
+                   max_train_seconds: float | None = None, seed: int = 0, task: str = "body", extra_task: str | None = None,
                    stages=STAGES, replace: bool = False, log=print) -> dict:
     """Build the embedded default under `out_dir`; returns the quality figures (if that stage ran).
 
     `corpus_source`: a previous build folder to copy the corpus from (default: the shipped one, so the build
     does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's)
-    for `task` (`TASKS`: "body", the shipped target's, or "docstring"; a copied corpus keeps its own).
+    for `task` (`TASKS`: "body", the shipped target's, or "docstring"; a copied corpus keeps its own), and with
+    `extra_task` the rows of another task the target also trains on (`extra_train_rows`).
     `replace`: build over a built target or a finished build (refused otherwise, before any work)."""
     out_dir = Path(out_dir)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages are {STAGES}")
-    if task not in TASKS: raise ValueError(f"task {task!r}: unknown; use one of {', '.join(TASKS)}")
+    for t in (task, extra_task or task):
+        if t not in TASKS: raise ValueError(f"task {t!r}: unknown; use one of {', '.join(TASKS)}")
     _check_replace(out_dir, stages, replace)
     q = {}
     for stage in (s for s in STAGES if s in stages):
         t0 = time.time()
-        if stage == "corpus": _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task)
+        if stage == "corpus": _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task,
+                                             extra_task)
         if stage == "tokenizer": _stage_tokenizer(out_dir, vocab_size, log)
         if stage == "target":
             _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_train_seconds)
@@ -648,6 +703,8 @@ def main(argv=None):
     b.add_argument("--vocab_size", type=int, default=d["vocab_size"], help="the tokenizer's vocabulary size")
     b.add_argument("--task", choices=TASKS, default=d["task"], help='the corpus\'s task with --corpus stdlib: "body" (the '
                    'shipped target\'s) or "docstring" (code -> docstring, a second target)')
+    b.add_argument("--extra_task", choices=TASKS, default=d["extra_task"], help="with --corpus stdlib: the target also "
+                   "trains on this task's rows of the training modules (not regenerated; drafts do not train on them)")
     b.add_argument("--model", type=_model, default=d["model_kwargs"] or {},
                    help="the target's shape, e.g. hidden_size=256,intermediate_size=768 (default: target_config's)")
     b.add_argument("--lr", type=number_in("(0, 1]"), default=d["lr"], help="AdamW's peak learning rate, in (0, 1]")
@@ -671,13 +728,13 @@ def main(argv=None):
         if m.startswith("stage ") and " done in " in m: finished.append(m.split()[1])   # what Ctrl-C leaves complete
     try:
         return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
-                              task=a.task, model_kwargs=a.model or None,
+                              task=a.task, extra_task=a.extra_task, model_kwargs=a.model or None,
                               max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
                               max_train_seconds=a.max_train_seconds, stages=a.stages, replace=a.replace, log=log)
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
         print(f"error: {' '.join(str(e).split())} (run the earlier --stages first, or check --corpus / --out)", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # the stages finished are complete in --out; the one interrupted starts again
+    except KeyboardInterrupt:  # finished stages are complete in --out; target and regenerate resume
         left = [s for s in a.stages if s not in finished]
         print(f"error: interrupted (Ctrl-C) during stage {left[0]}; {', '.join(finished) or 'no stage'} complete in {a.out}; "
               f"continue with the same command and --stages {','.join(left)}", file=sys.stderr)
