@@ -21,8 +21,8 @@ __all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS', '
            'decoder_layers', 'crop_cache', 'plain_generate', 'greedy_generate', 'sample_generate', 'StepTimer',
            'TwoChains', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings',
            'build_drafter', 'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
-           'ngram_propose', 'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'tree_inputs',
-           'keep_slots', 'verify_two_chains', 'TreeDrafter', 'eagle3_generate']
+           'ngram_propose', 'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'TreeDrafter',
+           'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
