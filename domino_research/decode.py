@@ -19,9 +19,10 @@ from .config import ConfigError, DFlashConfig
 # %% auto #0
 __all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS', 'HYBRID_DEFAULT_RULE', 'HYBRID_RULES',
            'decoder_layers', 'crop_cache', 'plain_generate', 'greedy_generate', 'sample_generate', 'StepTimer',
-           'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings', 'build_drafter',
-           'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate', 'ngram_propose',
-           'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'eagle3_generate']
+           'TwoChains', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings',
+           'build_drafter', 'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
+           'ngram_propose', 'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'TreeDrafter',
+           'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -171,6 +172,13 @@ def _commit(out: list, tokens, stops: set, max_new_tokens: int) -> tuple[int, bo
     return len(tokens), False
 
 # %% ../nbs/30_decode.ipynb #d10f0cad
+from typing import NamedTuple
+
+class TwoChains(NamedTuple):
+    "Two proposal chains from the same anchor, verified in one target forward (`verify_two_chains`, below): greedy only."
+    a: list[int]                    # kept on a tie (the tree drafter puts prompt lookup's chain here)
+    b: list[int]
+
 @torch.inference_mode()   # not only no_grad: no view or version tracking, a real part of a small step
 def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size: int, layer_ids,
                      stop_token_ids=(), timer: StepTimer | None = None, temperature: float = 0.0,
@@ -194,23 +202,29 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
         while not done:
             anchor, start = out[-1], P + len(out) - 1
             drafted = propose(ctx, anchor, start, prompt_ids + out)
-            proposals, q = drafted if sampled else (drafted, None)
-            proposals = [int(t) for t in proposals]
-            if len(proposals) > block_size - 1:
-                raise ValueError(f"propose returned {len(proposals)} proposals, at most block_size - 1 = {block_size - 1}")
-            with timer("verify"):
-                block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
-                pos = torch.arange(start, start + block.shape[1], device=dev)[None]   # given, not derived from the cache
-                with _kv_heads_shared(dev):
-                    logits = target(input_ids=block, position_ids=pos, cache=cache, use_cache=True).logits[0]   # [bs, V]
-                if sampled: n, nxt = verify_sampled(proposals, q, token_probs(logits, temperature), generator)
-                else:
-                    g = logits.argmax(-1).tolist()                                           # [bs]
-                    n = accepted_prefix_len(proposals, g)
-                    nxt = g[n]
-                crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
-                ctx = cap.features()
-                if ctx is not None: ctx = ctx[:, : n + 1]          # [1, n+1, L*H], positions start..start+n
+            if isinstance(drafted, TwoChains):                     # a tree of two chains: one forward, the better kept
+                if sampled: raise ValueError("two proposal chains (a tree verify) are greedy only: decode at temperature 0")
+                with timer("verify"):
+                    proposals, n, nxt, ctx, won = verify_two_chains(target, cache, cap, drafted, anchor, start, block_size)
+                stats.setdefault("chain_won", dict(a=0, b=0))[won] += 1
+            else:
+                proposals, q = drafted if sampled else (drafted, None)
+                proposals = [int(t) for t in proposals]
+                if len(proposals) > block_size - 1:
+                    raise ValueError(f"propose returned {len(proposals)} proposals, at most block_size - 1 = {block_size - 1}")
+                with timer("verify"):
+                    block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
+                    pos = torch.arange(start, start + block.shape[1], device=dev)[None]   # given, not derived from the cache
+                    with _kv_heads_shared(dev):
+                        logits = target(input_ids=block, position_ids=pos, cache=cache, use_cache=True).logits[0]   # [bs, V]
+                    if sampled: n, nxt = verify_sampled(proposals, q, token_probs(logits, temperature), generator)
+                    else:
+                        g = logits.argmax(-1).tolist()                                           # [bs]
+                        n = accepted_prefix_len(proposals, g)
+                        nxt = g[n]
+                    crop_cache(cache, start + n + 1)                   # keep anchor + accepted d_1..d_n
+                    ctx = cap.features()
+                    if ctx is not None: ctx = ctx[:, : n + 1]          # [1, n+1, L*H], positions start..start+n
             kept, done = _commit(out, proposals[:n] + [nxt], stops, max_new_tokens)
             stats["verify_steps"] += 1
             stats["committed"] += kept
@@ -719,6 +733,116 @@ def hybrid_generate(target, draft, input_ids, max_new_tokens: int, stop_token_id
     out, stats = speculative_loop(target, hybrid, input_ids, max_new_tokens, hybrid.block_size, hybrid.layer_ids,
                                   stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
     return out, stats | dict(chosen=dict(hybrid.chosen))
+
+# %% ../nbs/30_decode.ipynb #93b3c29b
+def tree_inputs(anchor: int, a: list[int], b: list[int], start: int, dtype=torch.float32):
+    """Target inputs for verifying chains `a` and `b` from `anchor` (at `start`) in one forward, after a cache holding
+    `start` positions: the block `[1, Q]` = `[anchor, *a, *b]`, its position ids `[1, Q]` (chain depths from `start`) and
+    an additive attention mask `[1, 1, Q, start + Q]` (0: seen; each slot sees the prefix, the anchor, its own chain)."""
+    m, n = len(a), len(b)
+    depth = torch.tensor([0, *range(1, m + 1), *range(1, n + 1)])              # tokens after the anchor on its chain
+    chain = torch.tensor([0] + [1] * m + [2] * n)                               # 0: the anchor, 1: a, 2: b
+    sees = (depth[None] <= depth[:, None]) & ((chain[None] == chain[:, None]) | (chain[None] == 0))   # [Q, Q] query x key
+    seen = torch.cat([torch.ones(1 + m + n, start, dtype=torch.bool), sees], 1)                       # + the cached prefix
+    mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+    return torch.tensor([[anchor, *a, *b]]), (start + depth)[None], mask[None, None]
+
+# %% ../nbs/30_decode.ipynb #15094808
+from transformers.cache_utils import DynamicLayer
+
+def keep_slots(cache, start: int, slots: list[int]):
+    """Leave `cache` holding positions `0 … start-1` and then the last verify block's `slots` (block slot numbers,
+    increasing, from 0: the anchor), in that order: the slots moved down where they are not already there, then a crop."""
+    if slots != list(range(len(slots))):
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):   # a sliding window drops or shifts entries
+            raise ValueError("keep_slots: a two-chain verify needs a plain DynamicCache (no sliding-window layers)")
+        src = start + torch.tensor(slots, device=cache.layers[0].keys.device)
+        for layer in cache.layers:                        # (the indexed read copies first: overlapping moves are safe)
+            layer.keys[:, :, start:start + len(slots)] = layer.keys[:, :, src]
+            layer.values[:, :, start:start + len(slots)] = layer.values[:, :, src]
+    return crop_cache(cache, start + len(slots))
+
+# %% ../nbs/30_decode.ipynb #6fd6073f
+def verify_two_chains(target, cache, cap, chains: TwoChains, anchor: int, start: int, block_size: int):
+    """One target forward over the tree `[anchor, *chains.a, *chains.b]` (`tree_inputs`) after `cache` (`start` positions);
+    keeps the chain with the longer accepted prefix (ties: `a`). Returns (that chain, n accepted, the target's next token,
+    the features `[1, n+1, L*H]` of the kept slots (None if `cap` reads none), 'a' or 'b'); the cache is left holding
+    positions `0 … start+n` as after a one-chain verify of the kept chain (`keep_slots`)."""
+    a, b = [int(t) for t in chains.a], [int(t) for t in chains.b]
+    if max(len(a), len(b)) > block_size - 1:
+        raise ValueError(f"two chains of {len(a)} and {len(b)} proposals: each at most block_size - 1 = {block_size - 1}")
+    dev = _device(target)
+    block, pos, mask = tree_inputs(anchor, a, b, start, target.get_input_embeddings().weight.dtype)
+    with _kv_heads_shared(dev):
+        logits = target(input_ids=block.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev), cache=cache,
+                        use_cache=True).logits[0]                                   # [1 + m + n, V]
+    g = logits.argmax(-1).tolist()
+    slots_a, slots_b = list(range(len(a) + 1)), [0, *range(len(a) + 1, len(a) + len(b) + 1)]   # the anchor, then its chain
+    n_a = accepted_prefix_len(a, [g[s] for s in slots_a])
+    n_b = accepted_prefix_len(b, [g[s] for s in slots_b])
+    won, chain, slots, n = ("a", a, slots_a, n_a) if n_a >= n_b else ("b", b, slots_b, n_b)
+    keep_slots(cache, start, slots[: n + 1])
+    ctx = cap.features()
+    return chain, n, g[slots[n]], None if ctx is None else ctx[:, slots[: n + 1]], won
+
+# %% ../nbs/30_decode.ipynb #22089dca
+class TreeDrafter:
+    """Drafter sending prompt lookup's chain and the trained draft's in one tree verify (`TwoChains`, greedy only) where
+    lookup proposes and neither chain starts with the other, the one chain otherwise. The draft runs every step."""
+    def __init__(self, draft: DraftProposer, lookup: LookupDrafter):
+        if draft.temperature > 0 or lookup.temperature > 0:
+            raise ValueError("the tree drafter is greedy only (temperature 0): two sampled chains for the same slots are "
+                             "not one draft distribution q; sample with the 'hybrid' drafter instead")
+        self.draft, self.lookup = draft, lookup
+        self.block_size = max(draft.d.block_size, lookup.block_size)
+        self.layer_ids = list(draft.d.target_layer_ids)
+        self.chosen = dict(tree=0, draft=0, lookup=0)             # verify steps sent as a tree, or as one chain
+
+    def __call__(self, ctx, anchor: int, start: int, tokens):
+        drafted = self.draft(ctx, anchor, start, tokens)
+        looked, _ = self.lookup.propose_matched(tokens)
+        if drafted[: len(looked)] == looked: sent, out = "draft", drafted        # no match, or lookup's chain in the draft's
+        elif looked[: len(drafted)] == drafted: sent, out = "lookup", looked     # the draft's chain in lookup's
+        else: sent, out = "tree", TwoChains(looked, drafted)
+        self.chosen[sent] += 1
+        return out
+
+    def describe(self) -> dict:
+        "{'drafter': 'tree', the draft inside it as the draft names itself, lookup's settings}."
+        d = self.draft.describe()
+        return dict(drafter="tree", projector_type=d["projector_type"], shift_label=d["shift_label"],
+                    use_head=d["use_head"], candidate_k=d["candidate_k"], **self.lookup.settings)
+
+# %% ../nbs/30_decode.ipynb #94228c2e
+@dataclass
+class TreeSettings(LookupSettings):
+    "Settings of the `tree` drafter: lookup's (`LookupSettings`, defaults `LOOKUP_DEFAULTS`) and the draft's."
+    use_head: bool = True  # Domino drafts: the head corrects the draft's proposals (false: the backbone alone)
+    candidate_k: int = ranged(0, ">= 0", "0 = the whole vocabulary")  # Domino head: re-rank the base's top-K ids only
+
+TreeDrafter.Settings, TreeDrafter.uses_draft = TreeSettings, True   # (block_size, layer_ids: the class's own)
+
+@patch(cls_method=True)
+def build(cls: TreeDrafter, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> TreeDrafter:
+    s = asdict(drafter_settings(cls, settings))
+    if draft is None: raise ValueError(f"drafter {cls.name!r} decodes with a trained DFlash/Domino draft: pass its folder")
+    drafted = {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
+    proposer = DraftProposer.build(target, drafted, draft=draft, timer=timer, temperature=temperature, generator=generator)
+    return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature))
+
+register_drafter("tree")(TreeDrafter)
+
+@torch.no_grad()
+def tree_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), lookup: dict | None = None,
+                  use_head: bool = True, candidate_k: int = 0, timer: StepTimer | None = None) -> tuple[list[int], dict]:
+    """Greedy speculative decoding (batch 1) with `TreeDrafter`: lookup's chain (settings `lookup`, default
+    `LOOKUP_DEFAULTS`) and the trained `draft`'s in one tree verify; the tokens of `greedy_generate`."""
+    timer = timer or StepTimer()
+    tree = TreeDrafter.build(target, (lookup or {}) | dict(use_head=use_head, candidate_k=candidate_k), draft=draft, timer=timer)
+    out, stats = speculative_loop(target, tree, input_ids, max_new_tokens, tree.block_size, tree.layer_ids,
+                                  stop_token_ids=stop_token_ids, timer=timer)
+    return out, stats | dict(chosen=dict(tree.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded
 from domino_research.eagle3 import Eagle3Cache, Eagle3DraftModel

@@ -17,7 +17,7 @@ import torch
 
 from domino_research.data import repetition_score, stop_token_ids
 from domino_research.decode import (HYBRID_DEFAULT_RULE, LOOKUP_DEFAULTS, PROJECT_LOOKUP, build_drafter,
-                                    drafter_generate, greedy_generate, StepTimer)
+                                    drafter_generate, greedy_generate, StepTimer, TwoChains)
 from domino_research.embedded import embedded_dataset_path, load_embedded_target
 from domino_research.evaluation import _draft_model, encode_prompt, read_prompts
 
@@ -78,7 +78,8 @@ def sha(tokens) -> str: return hashlib.sha1(json.dumps([int(t) for t in tokens])
 class Recorder:
     """Wraps a drafter for `drafter_generate`: the wall-clock seconds of each proposal (the draft time of a verify step),
     the gap to the next proposal (the verify, the commit and the loop's bookkeeping), how many tokens each step committed
-    (read off the growing sequence the loop hands the drafter), and, for a hybrid, which drafter proposed."""
+    (read off the growing sequence the loop hands the drafter), and, for a hybrid, which drafter proposed (a `tree`
+    drafter: whether the step was a tree of two chains, `T`, or one chain, `L` or `D`; `proposed` counts both chains)."""
     def __init__(self, drafter):
         self.d, self.block_size, self.layer_ids = drafter, drafter.block_size, drafter.layer_ids
         self.lengths, self.draft_s, self.gap_s, self.chosen, self.n_props, self.t_end = [], [], [], [], [], None
@@ -91,8 +92,8 @@ class Recorder:
         self.t_end = time.perf_counter()
         self.draft_s.append(self.t_end - t0)
         self.lengths.append(len(tokens))
-        self.n_props.append(len(props))
-        if before: self.chosen.append("L" if self.d.chosen["lookup"] > before["lookup"] else "D")
+        self.n_props.append(sum(map(len, props)) if isinstance(props, TwoChains) else len(props))
+        if before: self.chosen.append(next(k for k in before if self.d.chosen[k] > before[k])[0].upper())
         return props
 
 
@@ -113,6 +114,7 @@ def decode_one(target, spec, draft, ids, stops, max_new):
                draft_s=round(sum(rec.draft_s), 5), verify_s=round(sum(rec.gap_s), 5),
                timer_s={k: round(v, 5) for k, v in st["seconds"].items()})
     if rec.chosen: row["chosen"] = "".join(rec.chosen)
+    if "chain_won" in st: row["chain_won"] = st["chain_won"]          # tree steps whose kept chain was lookup's (a) or the draft's
     return toks, row
 
 
