@@ -21,10 +21,11 @@ from .embedded import resolve_data_path, resolve_target_path
 from .export import KEPT_DRAFT
 from .variants import VARIANTS, config_fields, resolve_variant, trains_draft
 from .results import latency, plot_results, results_markdown, summarize, upgraded_record
-from .study_run import PROMPT_SAMPLE, TargetCache, eval_prompt_count, finished_record, read_json, run_one
+from .study_run import (PROMPT_SAMPLE, TargetCache, decode_kept, eval_prompt_count, finished_decode,
+                                       finished_record, read_json, run_one)
 
 # %% auto #0
-__all__ = ['time_kept_drafts', 'plan_ablation', 'run_ablation']
+__all__ = ['time_kept_drafts', 'plan_ablation', 'run_ablation', 'decode_rows']
 
 # %% ../nbs/40e_ablations.ipynb #35f6d700
 def time_kept_drafts(out_dir, prompts=None, n_eval_prompts: int = 16, max_new_tokens: int = 64, log=print) -> dict:
@@ -103,9 +104,9 @@ def _worker_init(stop):
     _STOP = stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-def _run_one_in_worker(threads: int, **kw) -> dict | None:
-    """`run_one` in a worker process: `threads` torch threads, its output appended to runs/<variant>/seed<seed>.log.
-    None, starting nothing, once the study is stopped; a Ctrl-C during the run stops the study."""
+def _run_one_in_worker(threads: int, run=None, **kw) -> dict | None:
+    """`run_one` (or `run`, e.g. `decode_kept`) in a worker process: `threads` torch threads, its output appended to
+    runs/<variant>/seed<seed>.log. None, starting nothing, once the study is stopped; a Ctrl-C during the run stops the study."""
     if _STOP is not None and _STOP.is_set(): return None
     torch.set_num_threads(threads)
     log_file = Path(kw["out_dir"]) / "runs" / kw["name"] / f"seed{kw['seed']}.log"
@@ -113,7 +114,7 @@ def _run_one_in_worker(threads: int, **kw) -> dict | None:
     signal.signal(signal.SIGINT, signal.default_int_handler)       # a run stops on Ctrl-C as a run in the parent does
     try:
         with open(log_file, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            return run_one(**kw, log=print)
+            return (run or run_one)(**kw, log=print)
     except KeyboardInterrupt:
         if _STOP is not None: _STOP.set()                           # before the next queued run is taken
         raise
@@ -182,11 +183,12 @@ def run_ablation(
     log=print,
     keep_drafts: bool = True,
     keep_steps=(),
+    temperature: float = 0.0,
 ) -> dict:
     """Train and decode every (variant, seed) with the same budget; write results.json, results.md and plots in out_dir.
     `jobs` > 1 runs that many (variant, seed) at a time in worker processes that share this process's torch threads.
     `n_eval_prompts`: prompts decoded per run, or "all"; `keep_steps`: each run also keeps the drafts of its checkpoints
-    at these optimiser steps (`run_one`)."""
+    at these optimiser steps (`run_one`); `temperature` > 0: every run decodes by sampling at it (0: greedy)."""
     table = VARIANTS if table is None else table
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: must be an integer >= 1 (got {jobs!r})")
@@ -202,7 +204,8 @@ def run_ablation(
     t0, targets = time.perf_counter(), TargetCache()
     tasks = {(n, s): dict(name=n, seed=s, config=plan[n][0], overrides=plan[n][1], changes=plan[n][2], steps=steps, out_dir=out,
                           prompts=prompts, n_eval_prompts=n_eval_prompts, max_new_tokens=max_new_tokens, drafter=table[n].drafter,
-                          keep_drafts=keep_drafts, keep_steps=tuple(keep_steps))
+                          keep_drafts=keep_drafts, keep_steps=tuple(keep_steps),
+                          temperature=temperature)
              for n in variants for s in seeds}
     done = {k: r for k, kw in tasks.items() if (r := finished_record(**kw)) is not None}
     for n, s in done: log(f"[{n} seed {s}] done before: τ {done[n, s]['tau']:.3f} (skipped)")
@@ -228,6 +231,7 @@ def run_ablation(
             "run_seconds": sum(r["train_seconds"] + r["eval_seconds"] for d in runs.values() for r in d.values()),
             "torch_threads": torch.get_num_threads(), "jobs": jobs,
             "latency": "latency.json" if timed is not None else "decode", "latency_settings": (timed or {}).get("settings")}
+    if temperature > 0: meta["temperature"] = temperature          # (greedy: as tables before it)
     old = read_json(out / "results.json")
     if not todo and old is not None and "date" in old.get("meta", {}):   # the same runs: when and how long the table took stays
         meta.update({k: old["meta"][k] for k in ("date", "wall_seconds", "torch_threads", "jobs") if k in old["meta"]})
@@ -236,3 +240,20 @@ def run_ablation(
     (out / "results.md").write_text(results_markdown(res))
     plot_results(res, out, run_dirs)
     return res
+
+# %% ../nbs/40e_ablations.ipynb #e3a90012
+def decode_rows(tasks: dict, jobs: int = 1, log=print) -> dict:
+    """{key: record} of decode-only rows (`decode_kept`'s keyword arguments for each key): the rows done before read back,
+    the others decoded, `jobs` at a time in worker processes as `run_ablation`'s runs (nothing is trained)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs: must be an integer >= 1 (got {jobs!r})")
+    done = {k: r for k, kw in tasks.items() if (r := finished_decode(**kw)) is not None}
+    for k in done: log(f"[{tasks[k]['name']} seed {tasks[k]['seed']}] done before: τ {done[k]['tau']:.3f} (skipped)")
+    todo, targets = {k: kw for k, kw in tasks.items() if k not in done}, TargetCache()
+    tick = _study_clock(len(todo), log)
+    if jobs == 1:
+        for k, kw in todo.items():
+            done[k] = decode_kept(**kw, targets=targets, log=log)
+            tick()
+    elif todo: done |= _run_in_workers({k: {**kw, "run": decode_kept} for k, kw in todo.items()}, jobs, log, tick)
+    return {k: done[k] for k in tasks}

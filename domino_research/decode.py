@@ -941,6 +941,51 @@ def eagle3_generate(target, draft: Eagle3DraftModel, input_ids, max_new_tokens: 
     return speculative_loop(target, propose, input_ids, max_new_tokens, bs, ids, stop_token_ids=stop_token_ids,
                             timer=timer, temperature=temperature, generator=generator)
 
+# %% ../nbs/30_decode.ipynb #e3a9000a
+from types import SimpleNamespace
+
+class Eagle3ForHybrid(Eagle3Proposer):
+    "An `Eagle3Proposer` as `HybridDrafter` reads a trained draft (see above)."
+    slots = [0]                                       # the row of the recorded logits that holds the first proposal's
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.d, self.first = SimpleNamespace(block_size=self.bs, target_layer_ids=list(self.draft.target_layer_ids)), None
+
+    def _logits(self, h):
+        logits = super()._logits(h)
+        if self.first is None: self.first = logits                # the chain's first step
+        return logits
+
+    def __call__(self, ctx, anchor: int, start: int, tokens):
+        self.first = None
+        out = super().__call__(ctx, anchor, start, tokens)
+        if isinstance(self.lm_head, _RecordingHead): self.lm_head.last = self.first[None]     # [1, V], not the last step's
+        return out
+
+    def describe(self) -> dict:
+        return dict(drafter="eagle3", projector_type="eagle3", shift_label=None, block_size=self.bs, use_head=None,
+                    candidate_k=None)
+
+# the DFlash/Domino build above; kept once, so that running this cell again does not wrap the wrapper
+_build_hybrid_over_dflash = globals().get("_build_hybrid_over_dflash") or HybridDrafter.build.__func__
+
+@patch(cls_method=True)
+def build(cls: HybridDrafter, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
+          temperature: float = 0.0, generator: torch.Generator | None = None) -> HybridDrafter:
+    "The hybrid over an EAGLE-3 draft (its chain length the draft config's), or over a DFlash/Domino draft as above."
+    if not isinstance(draft, Eagle3DraftModel):
+        return _build_hybrid_over_dflash(cls, target, settings, draft=draft, timer=timer, temperature=temperature,
+                                         generator=generator)
+    s = asdict(drafter_settings(cls, settings))
+    rule, drafted = s.pop("rule"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
+    if drafted != {"use_head": True, "candidate_k": 0}:
+        raise ConfigError(f"drafter 'hybrid': {drafted} set the Domino head, which an EAGLE-3 draft does not have; drop them")
+    check_eagle3_fits(draft, target)
+    proposer = Eagle3ForHybrid(draft, target, draft.config.block_size, timer=timer, temperature=temperature,
+                               generator=generator)
+    return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature), rule)
+
 # %% ../nbs/30_decode.ipynb #e5e90002
 ENGINE_PATHS = ("dflash", "sglang_domino", "vllm_domino")
 _ASSUMED_SHIFT = {"dflash": False, "vllm_domino": True}        # the label convention a path decodes with, read or not

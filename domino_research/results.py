@@ -150,7 +150,8 @@ def summarize(runs: dict, variants: dict, meta: dict, n_boot: int = 10000) -> di
             **{k: spread([r.get(k) for r in recs]) for k in LATENCY_KEYS},
             "per_slot_acceptance": _mean_lists([r["per_slot_acceptance"] for r in recs]),
             "per_slot_acceptance_base": _mean_lists([r["per_slot_acceptance_base"] for r in recs]),
-            "lossless": all(r["lossless"] for r in recs),
+            # sampled decodes have no per-prompt check (None): the table says so rather than "no"
+            "lossless": None if any(r["lossless"] is None for r in recs) else all(r["lossless"] for r in recs),
             "tau_by_repetition": tau_by_repetition(seeds),
             "per_seed": {str(s): {k: seeds[s].get(k) for k in SEED_KEYS} for s in order}}
     for name, d in out["variants"].items(): d["head_gain"] = head_gain(runs[name], n_boot) if d["recipe"] == "domino" else None
@@ -241,11 +242,13 @@ def results_markdown(res: dict) -> str:
         "| τ / draft ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if m.get("temperature"): lines[0] = lines[0].replace("τ from greedy", f"τ from sampled (T = {m['temperature']:g})")
     for name, d in res["variants"].items():
         recipe = d["recipe"] or d["drafter"]["drafter"]          # a drafter that trains nothing: its name
+        lossless = "sampled" if d["lossless"] is None else "yes" if d["lossless"] else "**no**"   # sampled: no per-prompt check
         lines.append(f"| `{name}` | {recipe} | {_fmt_changes(d['changes'])} | {d['block_size']} | {fmt_spread(d['tau'])} | "
                      f"{_fmt_range(d['tau'])} | {fmt_spread(d['tau_base'])} | {fmt_spread(d['accuracy'], 3)} | "
-                     f"{'yes' if d['lossless'] else '**no**'} | {len(d['seeds'])} | {fmt_spread(d.get('draft_ms'), 3)} | "
+                     f"{lossless} | {len(d['seeds'])} | {fmt_spread(d.get('draft_ms'), 3)} | "
                      f"{fmt_spread(d.get('tau_per_draft_ms'))} |")
     lines += repetition_markdown(res) + comparisons_markdown(res)
     lines += ["", "τ: committed tokens per target forward (higher is better, at most the block size). base τ: the same draft "

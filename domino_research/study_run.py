@@ -23,7 +23,7 @@ from .results import legacy_lookup_spec, result_record, upgraded_record
 
 # %% auto #0
 __all__ = ['FULL_HASH_BYTES', 'SAMPLE_BYTES', 'PROMPT_SAMPLE', 'file_digest', 'read_json', 'keep_draft', 'TargetCache',
-           'eval_prompt_count', 'finished_record', 'run_one']
+           'eval_prompt_count', 'finished_record', 'run_one', 'finished_decode', 'decode_kept']
 
 # %% ../nbs/40d_study_run.ipynb #0c0fa885
 _WHERE_KEYS = ("output_dir", "run_name", "overwrite", "resume", "save_every_steps", "keep_checkpoints",
@@ -134,6 +134,13 @@ class TargetCache:
 PROMPT_SAMPLE = {"prompt_seed": 0, "stratify_by": "auto"}   # every run decodes the same seeded, stratified sample (notebook 32)
 
 
+# %% ../nbs/40d_study_run.ipynb #e3a9000e
+def _sampling(temperature) -> dict:
+    "The fingerprint's key for a decode at `temperature`: none for greedy decoding (the default), as before the key existed."
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+        raise ConfigError(f"temperature: must be a number >= 0, 0 for greedy decoding (got {temperature!r})")
+    return {"temperature": float(temperature)} if temperature > 0 else {}
+
 # %% ../nbs/40d_study_run.ipynb #e3a90003
 def eval_prompt_count(n_eval_prompts, prompts) -> int:
     """How many prompts a run decodes: `n_eval_prompts`, or every prompt of `prompts` when it is "all" (counted in the file,
@@ -167,7 +174,8 @@ def stopwatch(path: Path, resume: bool, every: float = 30.0):
 
 # %% ../nbs/40d_study_run.ipynb #03d4373f
 def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int, out_dir, prompts, n_eval_prompts: int,
-                  max_new_tokens: int, drafter: Optional[dict] = None, keep_steps=(), **_) -> tuple:
+                  max_new_tokens: int, drafter: Optional[dict] = None, keep_steps=(), temperature: float = 0.0,
+                  **_) -> tuple:
     "(run_dir, training keys, config, fingerprint) of one (variant, seed)."
     run_dir = Path(out_dir) / "runs" / name / f"seed{seed}"
     # validation only at the end unless base_overrides asks for more; the rest is forced
@@ -196,6 +204,7 @@ def _run_settings(name: str, seed: int, config: str, overrides: dict, steps: int
     cfg = load_train_config(config, **kw)
     evaluation = {"prompts": str(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens, **PROMPT_SAMPLE}
     if drafter and dict(drafter) != {"drafter": "draft"}: evaluation["drafter"] = dict(drafter)   # (the default: as before)
+    evaluation |= _sampling(temperature)
     return run_dir, kw, cfg, _fingerprint(cfg, evaluation)
 
 # %% ../nbs/40d_study_run.ipynb #8d795c1a
@@ -251,14 +260,15 @@ def _keep_step_drafts(run_dir: Path, steps) -> dict:
 
 def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, steps: int, out_dir, prompts,
             n_eval_prompts: int | str, max_new_tokens: int, targets: Optional[TargetCache] = None, log=print,
-            drafter: Optional[dict] = None, keep_drafts: bool = True, keep_steps=()) -> dict:
+            drafter: Optional[dict] = None, keep_drafts: bool = True, keep_steps=(), temperature: float = 0.0) -> dict:
     """Train (if its drafter decodes with a trained draft), decode and clean up one (variant, seed); returns its record
     (also written to <run>/result.json). `drafter`: {"drafter": name, **settings} (None: the trained draft alone).
     `n_eval_prompts`: how many prompts are decoded, or "all". `keep_drafts`: the trained draft stays in <run>/draft_bf16
-    (bf16 safetensors); `keep_steps`: so do the drafts of the checkpoints at these steps; every other weight is deleted."""
+    (bf16 safetensors); `keep_steps`: so do the drafts of the checkpoints at these steps; every other weight is deleted.
+    `temperature` > 0: the reference and the drafter sample, sharing each prompt's seed (`evaluate_draft`)."""
     spec = dict(drafter or {"drafter": "draft"})
     run_dir, kw, cfg, fp = _run_settings(name, seed, config, overrides, steps, out_dir, prompts, n_eval_prompts, max_new_tokens,
-                                         drafter=spec, keep_steps=keep_steps)
+                                         drafter=spec, keep_steps=keep_steps, temperature=temperature)
     done = read_json(run_dir / "result.json")
     if _same_run(done, fp):
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
@@ -268,7 +278,7 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
     targets, t0, n_prompts = targets or TargetCache(), time.perf_counter(), eval_prompt_count(n_eval_prompts, prompts)
     ev = evaluate_draft(run_dir / "draft" if trained else None, target=targets(resolve_target_path(cfg.target)),
                         prompts=resolve_data_path(str(prompts)), n_prompts=n_prompts, max_new_tokens=max_new_tokens,
-                        enable_thinking=cfg.enable_thinking, **PROMPT_SAMPLE, **spec)
+                        enable_thinking=cfg.enable_thinking, temperature=temperature, **PROMPT_SAMPLE, **spec)
     settings = {k: v for k, v in spec.items() if k != "drafter"}
     rec = result_record(name, seed, ev, spec, changes if trained else settings, fp, time.perf_counter() - t0,
                         cfg.recipe if trained else None, trained)
@@ -281,3 +291,52 @@ def run_one(name: str, seed: int, config: str, overrides: dict, changes: dict, s
         f"(base {rec['tau_base']:.3f}), lossless {rec['lossless']}, decoded in {rec['eval_seconds']:.0f}s")
     return rec
 
+
+# %% ../nbs/40d_study_run.ipynb #e3a90010
+def _decode_settings(name: str, seed: int, source, out_dir, prompts, n_eval_prompts, max_new_tokens: int, drafter: dict,
+                     step: Optional[int] = None, temperature: float = 0.0, **_) -> tuple:
+    "(run_dir, source record, draft folder, fingerprint) of a decode-only row."
+    source = Path(source)
+    src = read_json(source / "result.json")
+    if src is None: raise ConfigError(f"decode_kept: {source / 'result.json'} is missing: the run it decodes is not done")
+    draft = source / KEPT_DRAFT if step is None else kept_step_draft(source, step)
+    if not (draft / "model.safetensors").is_file():
+        raise ConfigError(f"decode_kept: {draft} holds no kept draft (train the run with keep_drafts / keep_steps)")
+    evaluation = {"prompts": source_digest(prompts), "n_eval_prompts": n_eval_prompts, "max_new_tokens": max_new_tokens,
+                  **PROMPT_SAMPLE, "drafter": dict(drafter), **_sampling(temperature)}
+    fp = {**_training_key(src["fingerprint"]), "evaluation": evaluation, **({"draft_step": step} if step is not None else {})}
+    return Path(out_dir) / "runs" / name / f"seed{seed}", src, draft, json.loads(json.dumps(fp))
+
+def finished_decode(**task) -> Optional[dict]:
+    "The record of a decode-only row already decoded with these settings, or None."
+    run_dir, _, _, fp = _decode_settings(**task)
+    done = read_json(run_dir / "result.json")
+    return done if done is not None and done.get("fingerprint") == fp else None
+
+def decode_kept(name: str, seed: int, source, out_dir, prompts, n_eval_prompts, max_new_tokens: int, drafter: dict,
+                step: Optional[int] = None, temperature: float = 0.0, targets: Optional[TargetCache] = None, log=print) -> dict:
+    """Decode the kept draft of the finished run in folder `source` (at optimiser step `step`: its `kept_step_draft`) with
+    `drafter` ({"drafter": name, **settings}), training nothing; returns the record, also <out_dir>/runs/<name>/seed<seed>/
+    result.json (`train_seconds` 0: this row trained nothing; `source` names the run it decoded)."""
+    run_dir, src, draft, fp = _decode_settings(name, seed, source, out_dir, prompts, n_eval_prompts, max_new_tokens, drafter,
+                                               step, temperature)
+    done = read_json(run_dir / "result.json")
+    if done is not None and done.get("fingerprint") == fp:
+        log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
+        return done
+    c, targets, t0 = src["fingerprint"]["config"], targets or TargetCache(), time.perf_counter()
+    ev = evaluate_draft(draft, target=targets(resolve_target_path(c["target"])), prompts=resolve_data_path(str(prompts)),
+                        n_prompts=eval_prompt_count(n_eval_prompts, prompts), max_new_tokens=max_new_tokens,
+                        enable_thinking=c["enable_thinking"], temperature=temperature, **PROMPT_SAMPLE, **drafter)
+    final = {"step": step} if step is not None else {"step": src["steps"], "eval/accuracy": src["accuracy"],
+                                                      "eval/base_accuracy": src["base_accuracy"],
+                                                      "eval/accept_len": src["accept_len"],
+                                                      "eval/base_accept_len": src["base_accept_len"]}
+    rec = result_record(name, seed, ev, dict(drafter), src["changes"], fp, time.perf_counter() - t0, src["recipe"],
+                        {"final": final, "train_seconds": 0.0})
+    rec["source"] = {"variant": src["variant"], "seed": src["seed"], "draft": draft.name}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "result.json").write_text(dumps_strict(rec, indent=2) + "\n")
+    log(f"[{name} seed {seed}] decoded {src['variant']} seed {src['seed']}'s {draft.name}: τ {rec['tau']:.3f}, "
+        f"lossless {rec['lossless']}, in {rec['eval_seconds']:.0f}s")
+    return rec

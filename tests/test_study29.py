@@ -122,3 +122,39 @@ def test_cli_refuses_out_without_tiny(capsys):
     with pytest.raises(SystemExit):
         s.main(["tune", "embedded", "--out", "/tmp/x"])
     assert "--out is for --tiny only" in capsys.readouterr().err
+
+
+def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
+    s = _study()
+    setting = dataclasses.replace(s.tiny(tmp_path), jobs=1)
+    for piece, needs in (("settings", "tune"), ("table", "settings"), ("test", "settings"), ("curve", "settings")):
+        with pytest.raises(SystemExit, match=f"study.py {piece}: .* is missing: run `.*study.py {needs} "):
+            s.PIECES[piece](setting)
+
+
+def test_later_pieces_on_tiny(tuned):
+    "Pieces 2-5 after the tuning, on the tiny setting: each writes what the next reads; a rerun decodes nothing again."
+    s, setting, best, _ = tuned
+    log = []
+    st = s.settings(setting, log=log.append)
+    assert set(st["hybrid_rule"]) == set(best) and st["lookup_settings_replayed"] == 432
+    assert st["eagle3_block_size"] in (4, 8, 16) and st["trained_rival"] in ("dflash_shift_d3", "eagle3")
+    with pytest.raises(SystemExit, match="run `.*study.py table "):
+        s.test(setting)                                   # the table's drafts are not there yet
+    s.table(setting, log=log.append)
+    t = s.test(setting, log=log.append)
+    for v in s.TRAINED:
+        for row in (f"{v}_greedy", f"{v}_T1", f"{v}+lookup_greedy", f"{v}+lookup_T1"):
+            assert set(t["tau"][row]) == {"0", "1"}, row
+    assert set(t["tau"]["lookup_greedy"]) == set(t["tau"]["lookup_T1"]) == {"0"}
+    ids = sorted(r["id"] for r in read_prompts(setting.test))
+    recs = {f: json.loads(f.read_text()) for f in (setting.root / "test").rglob("result.json")}
+    assert len(recs) == 3 * 2 * 3 + 3 + 2                # seed 0 and 1: alone T1, hybrid ×2 (+ alone greedy seed 0); lookup
+    for f, rec in recs.items():                          # every test prompt, sampled where the row says so
+        assert sorted(p["prompt_id"] for p in rec["per_prompt"]) == ids, f
+        assert rec["evaluation"]["temperature"] == (1.0 if "_T1" in str(f) else 0.0), f
+    c = s.curve(setting, log=log.append)
+    assert set(c) == {"domino", st["trained_rival"]} and all(set(d) == {"1", "2", "4"} for d in c.values())
+    again = []
+    s.test(setting, log=again.append)
+    assert not any("decoded in" in line and "skipped" not in line for line in again), again

@@ -3,21 +3,32 @@ plan: what each piece is for, what it costs, what it writes).
 
     python runs/ablations/study29/study.py tune embedded          # piece 1: the learning-rate grid at the full budget,
                                                                   # seed 0, decoded on every validation prompt (resumable)
-    python runs/ablations/study29/study.py tune embedded --tiny   # the same piece on a tiny random setting, in a minute
+    python runs/ablations/study29/study.py settings embedded      # piece 2: lookup's setting (replayed), the hybrid's rule
+                                                                  # per drafter, EAGLE-3's chain length; the rivals
+    python runs/ablations/study29/study.py table embedded         # piece 3: seeds 1-4 of Domino and the trained rival,
+                                                                  # 1-2 of the third drafter (each decoded greedily, test)
+    python runs/ablations/study29/study.py test embedded          # piece 4: every kept draft alone and in the hybrid,
+                                                                  # greedy and T = 1, and lookup: all test prompts
+    python runs/ablations/study29/study.py curve embedded         # piece 5: seed 0 at 720 and 1440 steps, validation
+    python runs/ablations/study29/study.py tune docstring         # pieces 7-11: the same on the second target
+    ... PIECE TARGET --tiny                                       # any piece on a tiny random setting (a dry run)
 
-Every piece skips the runs it finds done with the same settings; an interrupted run continues from its last checkpoint.
+Every piece skips the runs it finds done with the same settings (an interrupted run continues from its last
+checkpoint) and refuses in one line when the piece it needs is not done.
 """
-import argparse, json, math, tempfile
+import argparse, dataclasses, importlib.util, json, math, tempfile, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from domino_research.ablations import run_ablation
-from domino_research.evaluation import read_prompts
-from domino_research.rates import best_learning_rates, lr_sweep
-from domino_research.study_run import source_digest
-from domino_research.embedded import resolve_data_path
-from domino_research.variants import tiny_setting
+from domino_research.ablations import decode_rows, run_ablation
+from domino_research.data import stop_token_ids
+from domino_research.decode import HYBRID_RULES, greedy_generate
+from domino_research.evaluation import encode_prompt, read_prompts
+from domino_research.rates import best_learning_rates, lr_sweep, with_learning_rate
+from domino_research.study_run import TargetCache, source_digest
+from domino_research.embedded import embedded_mask_token_id, resolve_data_path, resolve_target_path, shipped_build
+from domino_research.variants import VARIANTS, Variant, tiny_setting
 
 STUDY = Path(__file__).resolve().parent     # not the current folder: a piece run elsewhere would start anew there
 COMMAND = f"python {STUDY / 'study.py'}"
@@ -41,9 +52,24 @@ class Setting:
     configs: Optional[dict] = None                      # recipe name -> YAML (the tiny setting's); None: the shipped recipes
     base_overrides: dict = field(default_factory=dict)  # keys every run gets (another target's: target, data)
     ladder: tuple = LADDER                              # the rates the edge rule may add
+    test: str = "embedded:test"                         # the prompts the study's τ is reported on: every one of them
+    grid_from: Optional[Path] = None                    # a target whose tuning narrows this one's (None: the full grid)
+    table_seeds: dict = field(default_factory=lambda: {"headline": (1, 2, 3, 4), "third": (1, 2)})
+    temperature: float = 1.0                            # the sampled decodes of `test`
 
 
-TARGETS = {"embedded": lambda: Setting(STUDY / "embedded", "embedded:validation")}
+def _docstring() -> Setting:
+    """The second target (README, pieces 7-11): its build's target and data; its mask token read from its tokenizer.
+    Tuned: Domino and the trained rival only, at two rates around the first target's choice; no third drafter."""
+    name = "embedded_docstring"
+    shipped_build(name)                                 # a missing build: one line saying how to build it
+    return Setting(STUDY / "docstring", f"{name}:validation", test=f"{name}:test", table_seeds={"headline": (1, 2, 3, 4)},
+                   grid_from=STUDY / "embedded",
+                   base_overrides={"target": name, "train_data": f"{name}:train", "eval_data": f"{name}:validation",
+                                   "mask_token_id": embedded_mask_token_id(shipped_build(name))})
+
+
+TARGETS = {"embedded": lambda: Setting(STUDY / "embedded", "embedded:validation"), "docstring": _docstring}
 
 
 def tiny(root) -> Setting:
@@ -51,7 +77,7 @@ def tiny(root) -> Setting:
     rate below the grid on the ladder, so the edge rule runs at most one round more."""
     t = tiny_setting(Path(root) / "setting")
     return Setting(Path(root), t["prompts"], steps=4, keep_steps=(1, 2), max_new_tokens=16, configs=t["configs"],
-                   ladder=(3e-4, *GRID))
+                   ladder=(3e-4, *GRID), test=t["prompts"], table_seeds={"headline": (1,), "third": (1,)})
 
 
 def extensions(best: dict, tried: dict, ladder: tuple = LADDER) -> list[tuple[str, float]]:
@@ -77,13 +103,39 @@ def check_decoded_all(out_dir: Path, res: dict, prompts: str) -> None:
             assert got == ids, f"{name} seed {seed}: decoded {len(got)} prompts, not the {len(ids)} of {prompts}"
 
 
+def refuse(piece: str, needs: Path, command: str):
+    "Stop in one line: this piece needs a piece that is not done."
+    raise SystemExit(f"study.py {piece}: {needs} is missing: run `{COMMAND} {command}` first (and until it completes)")
+
+
+def read(path: Path, piece: str, command: str) -> dict:
+    if not path.is_file(): refuse(piece, path, command)
+    return json.loads(path.read_text())
+
+
+def first_rates(s: Setting) -> dict:
+    """{drafter: the rates tried first}: the grid for every trained drafter; on a target tuned after another
+    (`grid_from`), Domino and that target's trained rival only, each at its chosen rate there and the neighbour half a
+    decade towards its second best there (README, piece 7)."""
+    if s.grid_from is None: return {v: list(GRID) for v in TRAINED}
+    first = read(s.grid_from / "tune" / "best_lr.json", "tune", f"tune {s.grid_from.name}")
+    rival = read(s.grid_from / "settings.json", "tune", f"settings {s.grid_from.name}")["trained_rival"]
+    out = {}
+    for v in ("domino", rival):
+        taus = {lr: first["tau"][f"{v}_lr{lr:g}"] for lr in first["tried"][v]}
+        best, second = sorted(taus, key=lambda lr: -taus[lr])[:2]
+        i = LADDER.index(min(LADDER, key=lambda r: abs(math.log(r / best))))
+        out[v] = sorted([best, LADDER[i + 1] if second > best else LADDER[i - 1]])
+    return out
+
+
 def tune(s: Setting, log=print) -> dict:
     """Piece 1: every trained drafter at each rate of the grid, seed 0, the full budget, decoded greedily on every
     validation prompt; then the edge rule, until every best rate is inside its tried rates. Writes <root>/tune/ and
     <root>/tune/best_lr.json ({variant: rate}, chosen by decoded τ); returns that mapping."""
-    tried = {v: list(GRID) for v in TRAINED}
+    tried = first_rates(s)
     while True:
-        table = lr_sweep([(v, lr) for v in TRAINED for lr in sorted(tried[v])])
+        table = lr_sweep([(v, lr) for v in tried for lr in sorted(tried[v])])
         res = run_ablation(list(table), s.steps, [0], s.root / "tune", table=table, prompts=s.validation,
                            n_eval_prompts="all", max_new_tokens=s.max_new_tokens, jobs=s.jobs, keep_steps=s.keep_steps,
                            configs=s.configs, base_overrides=s.base_overrides or None, log=log)
@@ -101,10 +153,183 @@ def tune(s: Setting, log=print) -> dict:
     log(f"tune: best rates {best}")
     return best
 
+def _lookup_sweep():
+    "runs/lookup_sweep/sweep.py, the replay of lookup's settings on a target's greedy answers (reused, not copied)."
+    spec = importlib.util.spec_from_file_location("lookup_sweep", STUDY.parents[1] / "lookup_sweep" / "sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tuned(s: Setting, piece: str) -> dict:
+    "best_lr.json of `tune`, or a one-line refusal."
+    return read(s.root / "tune" / "best_lr.json", piece, f"tune {_name(s)}")
+
+
+def _name(s: Setting) -> str: return s.root.name
+
+
+def _tune_run(s: Setting, v: str, lr: float) -> Path: return s.root / "tune" / "runs" / f"{v}_lr{lr:g}" / "seed0"
+
+
+def _drafter(v: str, settings: Optional[dict] = None) -> dict:
+    "The drafter spec a trained drafter decodes alone with: EAGLE-3 at its chosen chain length (settings.json)."
+    if v != "eagle3" or settings is None: return dict(VARIANTS[v].drafter)
+    return {"drafter": "eagle3", "block_size": settings["eagle3_block_size"]}
+
+
+def _hybrid(v: str, settings: dict) -> dict:
+    return {"drafter": "hybrid", "rule": settings["hybrid_rule"][v], **settings["lookup"]}
+
+
+def _greedy_answers(s: Setting, out: Path, log) -> tuple[list, list]:
+    "The target's greedy answers to every validation prompt (in file order), computed once into <out>/greedy.json."
+    model, tok = TargetCache()(resolve_target_path(s.base_overrides.get("target") or _target_name(s)))
+    prompts = [encode_prompt(tok, r["messages"]) for r in read_prompts(resolve_data_path(s.validation))]
+    f = out / "greedy.json"
+    if f.is_file() and json.loads(f.read_text())["prompts"] == [p[0].tolist() for p in prompts]:
+        return prompts, json.loads(f.read_text())["answers"]
+    stops, t0 = stop_token_ids(tok, model), time.perf_counter()
+    answers = [greedy_generate(model, ids, s.max_new_tokens, stops) for ids in prompts]
+    out.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"prompts": [p[0].tolist() for p in prompts], "answers": answers,
+                             "seconds": time.perf_counter() - t0}) + "\n")
+    log(f"settings: greedy answers to {len(prompts)} validation prompts in {time.perf_counter() - t0:.0f}s")
+    return prompts, answers
+
+
+def _target_name(s: Setting) -> str:
+    "The target of the tiny setting's configs (the study's targets are given by name in base_overrides or the recipe)."
+    if s.configs is None: return "embedded"
+    import yaml
+    return yaml.safe_load(Path(s.configs["embedded_domino"]).read_text())["target"]
+
+
+def settings(s: Setting, log=print) -> dict:
+    """Piece 2: on every validation prompt, greedy: lookup's setting (its grid replayed on the target's greedy answers),
+    the hybrid's rule for each trained drafter at its chosen rate (every rule decoded over its seed-0 draft), EAGLE-3's
+    chain length (3 and 15 proposals decoded; 7 is the tuning's); then the rivals. Writes <root>/settings.json."""
+    best, out = _tuned(s, "settings")["best"], s.root / "settings"
+    prompts, answers = _greedy_answers(s, out, log)
+    sweep = _lookup_sweep()
+    replay = {}
+    sweep.sweep_lookup(prompts, answers, replay)
+    lookup = sweep.best_lookup(replay)
+    lookup_tau = max(r["tau"] for r in replay["lookup_sweep"]["rows"])
+    common = dict(out_dir=out, prompts=s.validation, n_eval_prompts="all", max_new_tokens=s.max_new_tokens)
+    rows = {(f"{v}+lookup_{rule}", v): dict(name=f"{v}+lookup_{rule}", seed=0, source=_tune_run(s, v, best[v]),
+                                            drafter={"drafter": "hybrid", "rule": rule, **lookup}, **common)
+            for v in best for rule in HYBRID_RULES}
+    if "eagle3" in best:
+        rows |= {(f"eagle3_bs{bs}", "eagle3"): dict(name=f"eagle3_bs{bs}", seed=0, source=_tune_run(s, "eagle3", best["eagle3"]),
+                                                    drafter={"drafter": "eagle3", "block_size": bs}, **common) for bs in (4, 16)}
+    recs = decode_rows(rows, jobs=s.jobs, log=log)
+    tau = {v: json.loads((_tune_run(s, v, best[v]) / "result.json").read_text())["tau"] for v in best}
+    rule = {v: max(HYBRID_RULES, key=lambda r: recs[f"{v}+lookup_{r}", v]["tau"]) for v in best}
+    chain = {8: tau.get("eagle3")} | {bs: recs[f"eagle3_bs{bs}", "eagle3"]["tau"] for bs in (4, 16) if "eagle3" in best}
+    eagle3_bs = max((bs for bs in chain if chain[bs] is not None), key=lambda bs: chain[bs], default=None)
+    if eagle3_bs is not None: tau["eagle3"] = chain[eagle3_bs]
+    rivals = [v for v in best if v != "domino"]
+    trained_rival = max(rivals, key=lambda v: tau[v])
+    res = {"rates": best, "lookup": lookup, "lookup_tau": lookup_tau,
+           "lookup_settings_replayed": len(replay["lookup_sweep"]["rows"]),
+           "hybrid_rule": rule, "hybrid_tau": {f"{v}+lookup_{r}": recs[f"{v}+lookup_{r}", v]["tau"] for v in best
+                                                for r in HYBRID_RULES},
+           "eagle3_block_size": eagle3_bs, "eagle3_tau_by_block_size": chain, "tau_alone": tau,
+           "trained_rival": trained_rival, "headline_rival": trained_rival if tau[trained_rival] >= lookup_tau else "lookup",
+           "rule": "validation τ alone (all validation prompts, greedy, seed 0); the test prompts choose nothing"}
+    (s.root / "settings.json").write_text(json.dumps(res, indent=2) + "\n")
+    log(f"settings: trained rival {res['trained_rival']}, headline rival {res['headline_rival']}")
+    return res
+
+
+def _table_variants(s: Setting, st: dict) -> dict:
+    "{variant: (Variant at its chosen rate and drafter, seeds)} of the table: Domino and the trained rival, the third."
+    rival, third = st["trained_rival"], [v for v in st["rates"] if v not in ("domino", st["trained_rival"])]
+    seeds = {"domino": s.table_seeds["headline"], rival: s.table_seeds["headline"]}
+    if "third" in s.table_seeds: seeds |= {v: s.table_seeds["third"] for v in third}
+    return {v: (dataclasses.replace(with_learning_rate(VARIANTS[v], st["rates"][v]), drafter=_drafter(v, st)), seeds[v])
+            for v in seeds}
+
+
+def table(s: Setting, log=print) -> dict:
+    """Piece 3: the other seeds of each trained drafter at its chosen rate (5 in all for Domino and the trained rival,
+    3 for the third), each decoded alone, greedily, on every test prompt: <root>/steps<steps>/."""
+    st = read(s.root / "settings.json", "table", f"settings {_name(s)}")
+    out = {}
+    for v, (variant, seeds) in _table_variants(s, st).items():
+        out[v] = run_ablation([v], s.steps, list(seeds), s.root / f"steps{s.steps}" / v, table={v: variant},
+                              prompts=s.test, n_eval_prompts="all", max_new_tokens=s.max_new_tokens, jobs=s.jobs,
+                              configs=s.configs, base_overrides=s.base_overrides or None, log=log)
+    return out
+
+
+def _kept_runs(s: Setting, st: dict, piece: str) -> dict:
+    "{(variant, seed): run folder with a kept draft}: seed 0 is the tuning's run at the chosen rate, the rest the table's."
+    runs = {}
+    for v, (_, seeds) in _table_variants(s, st).items():
+        runs[v, 0] = _tune_run(s, v, st["rates"][v])
+        runs |= {(v, k): s.root / f"steps{s.steps}" / v / "runs" / v / f"seed{k}" for k in seeds}
+    missing = [f"{v} seed {k}" for (v, k), d in runs.items() if not (d / "result.json").is_file()]
+    if missing: refuse(piece, s.root / f"steps{s.steps}" / f"({', '.join(missing)})", f"table {_name(s)}")
+    return runs
+
+
+def test(s: Setting, log=print) -> dict:
+    """Piece 4: every kept draft alone and in the hybrid, greedy and sampled at T = `temperature`, and lookup at its
+    setting, greedy and sampled, on every test prompt. Writes <root>/test/ and <root>/test.json (τ per row and seed)."""
+    st = read(s.root / "settings.json", "test", f"settings {_name(s)}")
+    runs, out = _kept_runs(s, st, "test"), s.root / "test"
+    common = dict(out_dir=out, prompts=s.test, n_eval_prompts="all", max_new_tokens=s.max_new_tokens)
+    rows = {}
+    for (v, k), src in runs.items():
+        for t in (0.0, s.temperature):
+            tag = "greedy" if t == 0 else f"T{t:g}"
+            if not (t == 0 and k > 0):                   # the table's own decode is the alone greedy row of seeds >= 1
+                rows[f"{v}_{tag}", k] = dict(name=f"{v}_{tag}", seed=k, source=src, drafter=_drafter(v, st), temperature=t,
+                                             **common)
+            rows[f"{v}+lookup_{tag}", k] = dict(name=f"{v}+lookup_{tag}", seed=k, source=src, drafter=_hybrid(v, st),
+                                                temperature=t, **common)
+    recs = decode_rows(rows, jobs=s.jobs, log=log)
+    for (v, k), src in runs.items():
+        if k > 0: recs[f"{v}_greedy", k] = json.loads((src / "result.json").read_text())
+    lookup = {"lookup": Variant("embedded_domino", {}, "prompt lookup at the setting chosen on validation",
+                                drafter={"drafter": "lookup", **st["lookup"]})}
+    for t in (0.0, s.temperature):
+        tag = "greedy" if t == 0 else f"T{t:g}"
+        run_ablation(["lookup"], s.steps, [0], out / f"lookup_{tag}", table=lookup, prompts=s.test, n_eval_prompts="all",
+                           max_new_tokens=s.max_new_tokens, configs=s.configs, base_overrides=s.base_overrides or None,
+                           temperature=t, log=log)
+        recs[f"lookup_{tag}", 0] = json.loads((out / f"lookup_{tag}" / "runs" / "lookup" / "seed0" / "result.json").read_text())
+    table_ = {}
+    for (name, k), r in recs.items(): table_.setdefault(name, {})[str(k)] = r["tau"]
+    summary = {"prompts": s.test, "temperature": s.temperature, "tau": table_,
+               "mean_tau": {n: sum(d.values()) / len(d) for n, d in table_.items()}}
+    (s.root / "test.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def curve(s: Setting, log=print) -> dict:
+    """Piece 5: does the ranking still move: seed 0 of Domino and the trained rival at the kept checkpoints (720 and 1440
+    steps of the tuning's runs) decoded on every validation prompt, greedy, beside the full budget's τ of the tuning."""
+    st = read(s.root / "settings.json", "curve", f"settings {_name(s)}")
+    common = dict(out_dir=s.root / "curve", prompts=s.validation, n_eval_prompts="all", max_new_tokens=s.max_new_tokens)
+    heads = ("domino", st["trained_rival"])
+    rows = {(v, step): dict(name=f"{v}_step{step}", seed=0, source=_tune_run(s, v, st["rates"][v]), step=step,
+                            drafter=_drafter(v, st), **common) for v in heads for step in s.keep_steps}
+    recs = decode_rows(rows, jobs=s.jobs, log=log)
+    res = {v: {str(step): recs[v, step]["tau"] for step in s.keep_steps} for v in heads}
+    for v in heads: res[v][str(s.steps)] = st["tau_alone"][v]
+    (s.root / "curve.json").write_text(json.dumps({"prompts": s.validation, "tau": res}, indent=2) + "\n")
+    return res
+
+
+PIECES = {"tune": tune, "settings": settings, "table": table, "test": test, "curve": curve}
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("piece", choices=["tune"])
+    p.add_argument("piece", choices=list(PIECES))
     p.add_argument("target", choices=list(TARGETS))
     p.add_argument("--tiny", action="store_true", help="a dry run on the tiny random setting (nothing of the study's)")
     p.add_argument("--out", type=Path, help="--tiny: where it writes (default: a new temporary folder)")
@@ -115,7 +340,7 @@ def main(argv=None):
         print(f"dry run on the tiny setting in {root}")
         s = tiny(root)
     else: s = TARGETS[a.target]()
-    return tune(s)
+    return PIECES[a.piece](s)
 
 
 if __name__ == "__main__":
