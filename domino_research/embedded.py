@@ -43,7 +43,7 @@ SHIPPED_BUILDS = {
     "embedded_docstring": (
         EMBEDDED_DIR.parent / "embedded_docstring",
         "python -m domino_research.embedded_build --out domino_research/assets/embedded_docstring --corpus stdlib "
-        "--task docstring --vocab_size 1024 --steps 1400 --model hidden_size=256,intermediate_size=768,"
+        "--task docstring --extra_task body --vocab_size 1024 --steps 2800 --model hidden_size=256,intermediate_size=768,"
         "num_attention_heads=4,num_key_value_heads=2,head_dim=64",
     ),
 }
