@@ -2,11 +2,11 @@
 `specforge/modeling/draft/{dflash,domino}.py`, read at a6b6b023): with the same draft weights both give greedy's tokens
 and propose the same tokens at every verify step, so `runs/verify_loop_speed/specforge_bench.py` times the same work; and
 ours keeps its lead. Needs a SpecForge source tree named by $SPECFORGE_SRC; skipped without."""
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 SRC = os.environ.get("SPECFORGE_SRC", "")
 BENCH = Path(__file__).resolve().parents[1] / "runs" / "verify_loop_speed" / "specforge_bench.py"
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.skipif(not (SRC and (Path(SRC) / "specforge" / "modelin
 
 @pytest.fixture(scope="module")
 def setup():
-    spec = importlib.util.spec_from_file_location("specforge_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(BENCH, "specforge_bench")
     sf_domino = bench.specforge_module(SRC)
     target, draft, prompts, stops = bench.load(4)
     return bench, sf_domino, target, draft, prompts, stops

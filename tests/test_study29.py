@@ -1,7 +1,6 @@
 """Study 29's runner (runs/ablations/study29/study.py): piece 1 (`tune`) run end to end on the tiny random setting, and the
 checks it makes shown to fail on the faults they exist to catch."""
 import dataclasses
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -14,16 +13,14 @@ from domino_research.embedded import resolve_data_path
 from domino_research.rates import lr_sweep
 from domino_research.study_run import _run_settings, eval_prompt_count
 from domino_research.variants import draft_parameters
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "runs/ablations/study29/study.py"
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("study29_study", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "study29_study")
 
 
 def test_edge_rule():

@@ -1,22 +1,19 @@
 """Study 29's latency script (runs/ablations/study29/latency/latency.py): it runs end to end at tiny shapes, and its
 straight-line extrapolation to the real target's layer count is exact where the answer is known."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "runs/ablations/study29/latency/latency.py"
 
 
 def _latency():
-    spec = importlib.util.spec_from_file_location("study29_latency", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "study29_latency")
 
 
 class FakeClock:

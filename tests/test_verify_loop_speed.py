@@ -1,12 +1,12 @@
 """This project's DFlash decode beside z-lab's reference `dflash_generate` (github.com/z-lab/dflash, `dflash/model.py`,
 read at 44947fbf): on the same draft and prompts both give greedy's tokens and accept alike, step for step, so the
 timings of `runs/verify_loop_speed` compare the same work. Needs a z-lab checkout named by $ZLAB_DFLASH; skipped without."""
-import importlib.util
 import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 ZLAB = os.environ.get("ZLAB_DFLASH", "")
 BENCH = Path(__file__).resolve().parents[1] / "runs" / "verify_loop_speed" / "bench.py"
@@ -15,10 +15,7 @@ pytestmark = pytest.mark.skipif(not (Path(ZLAB) / "dflash" / "model.py").is_file
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("verify_loop_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH, "verify_loop_bench")
 
 
 def _zlab_hist(acceptance_lengths, steps: int, block_size: int) -> list[int]:
