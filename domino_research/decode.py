@@ -175,9 +175,10 @@ def _commit(out: list, tokens, stops: set, max_new_tokens: int) -> tuple[int, bo
 from typing import NamedTuple
 
 class TwoChains(NamedTuple):
-    "Two proposal chains from the same anchor, verified in one target forward (`verify_two_chains`, below): greedy only."
-    a: list[int]                    # kept on a tie (the tree drafter puts prompt lookup's chain here)
+    "Two proposal chains from the same anchor, verified in one target forward (`verify_two_chains`, below)."
+    a: list[int]                    # kept on a tie; tried first when sampling (the tree drafter puts prompt lookup's chain here)
     b: list[int]
+    q_b: torch.Tensor | None = None     # sampling: the distributions `[len(b), V]` chain b was drawn from (a: deterministic)
 
 @torch.inference_mode()   # not only no_grad: no view or version tracking, a real part of a small step
 def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size: int, layer_ids,
@@ -203,10 +204,11 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
             anchor, start = out[-1], P + len(out) - 1
             drafted = propose(ctx, anchor, start, prompt_ids + out)
             if isinstance(drafted, TwoChains):                     # a tree of two chains: one forward, the better kept
-                if sampled: raise ValueError("two proposal chains (a tree verify) are greedy only: decode at temperature 0")
                 with timer("verify"):
-                    proposals, n, nxt, ctx, won = verify_two_chains(target, cache, cap, drafted, anchor, start, block_size)
-                stats.setdefault("chain_won", dict(a=0, b=0))[won] += 1
+                    proposals, n, nxt, ctx, won = verify_two_chains(target, cache, cap, drafted, anchor, start, block_size,
+                                                                    temperature, generator)
+                won_at = stats.setdefault("chain_won", dict(a=0, b=0) | (dict(none=0) if sampled else {}))
+                won_at[won] += 1
             else:
                 proposals, q = drafted if sampled else (drafted, None)
                 proposals = [int(t) for t in proposals]
@@ -763,37 +765,65 @@ def keep_slots(cache, start: int, slots: list[int]):
     return crop_cache(cache, start + len(slots))
 
 # %% ../nbs/30_decode.ipynb #6fd6073f
-def verify_two_chains(target, cache, cap, chains: TwoChains, anchor: int, start: int, block_size: int):
+def verify_two_chains(target, cache, cap, chains: TwoChains, anchor: int, start: int, block_size: int,
+                      temperature: float = 0.0, generator: torch.Generator | None = None):
     """One target forward over the tree `[anchor, *chains.a, *chains.b]` (`tree_inputs`) after `cache` (`start` positions);
-    keeps the chain with the longer accepted prefix (ties: `a`). Returns (that chain, n accepted, the target's next token,
-    the features `[1, n+1, L*H]` of the kept slots (None if `cap` reads none), 'a' or 'b'); the cache is left holding
-    positions `0 … start+n` as after a one-chain verify of the kept chain (`keep_slots`)."""
+    greedy: keeps the chain with the longer accepted prefix (ties: `a`); at `temperature` > 0: the chain whose first token
+    `verify_two_sampled` accepts. Returns (that chain, n accepted, the target's next token, the features `[1, n+1, L*H]`
+    of the kept slots (None if `cap` reads none), 'a', 'b' or 'none' (sampling: both first tokens rejected)); the cache
+    is left holding positions `0 … start+n` as after a one-chain verify of the kept chain (`keep_slots`)."""
     a, b = [int(t) for t in chains.a], [int(t) for t in chains.b]
     if max(len(a), len(b)) > block_size - 1:
         raise ValueError(f"two chains of {len(a)} and {len(b)} proposals: each at most block_size - 1 = {block_size - 1}")
+    if temperature > 0 and (chains.q_b is None or chains.q_b.shape[0] < len(b)):
+        raise ValueError("sampling two chains needs the distributions chain b was drawn from: TwoChains(a, b, q_b)")
     dev = _device(target)
     block, pos, mask = tree_inputs(anchor, a, b, start, target.get_input_embeddings().weight.dtype)
     with _kv_heads_shared(dev):
         logits = target(input_ids=block.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev), cache=cache,
                         use_cache=True).logits[0]                                   # [1 + m + n, V]
-    g = logits.argmax(-1).tolist()
     slots_a, slots_b = list(range(len(a) + 1)), [0, *range(len(a) + 1, len(a) + len(b) + 1)]   # the anchor, then its chain
-    n_a = accepted_prefix_len(a, [g[s] for s in slots_a])
-    n_b = accepted_prefix_len(b, [g[s] for s in slots_b])
-    won, chain, slots, n = ("a", a, slots_a, n_a) if n_a >= n_b else ("b", b, slots_b, n_b)
+    if temperature > 0:
+        p = token_probs(logits, temperature)                                        # [1 + m + n, V]
+        won, n, nxt = verify_two_sampled(a, b, chains.q_b.float().cpu(), p[slots_a], p[slots_b], generator)
+        chain, slots = (b, slots_b) if won == "b" else (a, slots_a)                 # 'none': n = 0, the anchor's slot only
+    else:
+        g = logits.argmax(-1).tolist()
+        n_a = accepted_prefix_len(a, [g[s] for s in slots_a])
+        n_b = accepted_prefix_len(b, [g[s] for s in slots_b])
+        won, chain, slots, n = ("a", a, slots_a, n_a) if n_a >= n_b else ("b", b, slots_b, n_b)
+        nxt = g[slots[n]]
     keep_slots(cache, start, slots[: n + 1])
     ctx = cap.features()
-    return chain, n, g[slots[n]], None if ctx is None else ctx[:, slots[: n + 1]], won
+    return chain, n, nxt, None if ctx is None else ctx[:, slots[: n + 1]], won
+
+# %% ../nbs/30_decode.ipynb #a7e0c002
+def verify_two_sampled(a: list[int], b: list[int], q_b: torch.Tensor, p_a: torch.Tensor, p_b: torch.Tensor,
+                       generator: torch.Generator) -> tuple[str, int, int]:
+    """Multi-draft speculative sampling over two chains from one anchor: `a` deterministic (lookup's), `b` drawn from
+    `q_b [len(b), V]`; `p_a [len(a)+1, V]`, `p_b [len(b)+1, V]` the target's distributions at each chain's slots (row 0,
+    the anchor's, is the same in both). First tokens tried `a` then `b`, `p` replaced by the residual after a rejection;
+    the accepted chain goes on with `verify_sampled`. Returns ('a', 'b' or 'none', n accepted, the token after them)."""
+    p = p_a[0]
+    for won, chain, q, p_chain in (("a", a, one_hot_q(a, p.shape[-1]), p_a), ("b", b, q_b, p_b)):
+        if not chain: continue
+        if float(torch.rand((), generator=generator)) * q[0, chain[0]] < p[chain[0]]:   # accepted: prob min(1, p/q)
+            n, nxt = verify_sampled(chain[1:], q[1:], p_chain[1:], generator)
+            return won, n + 1, nxt
+        residual = (p - q[0]).clamp(min=0)                     # rejected: the next candidate is tried against the residual
+        if residual.sum() > 0: p = residual / residual.sum()    # (p == q up to rounding: p itself, as in verify_sampled)
+    return "none", 0, sample_from(p, generator)
+
 
 # %% ../nbs/30_decode.ipynb #22089dca
 class TreeDrafter:
-    """Drafter sending prompt lookup's chain and the trained draft's in one tree verify (`TwoChains`, greedy only) where
-    lookup proposes and neither chain starts with the other, the one chain otherwise. The draft runs every step."""
+    """Drafter sending prompt lookup's chain and the trained draft's in one tree verify (`TwoChains`) where lookup
+    proposes and (greedy) neither chain starts with the other, the one chain otherwise. The draft runs every step."""
     def __init__(self, draft: DraftProposer, lookup: LookupDrafter):
-        if draft.temperature > 0 or lookup.temperature > 0:
-            raise ValueError("the tree drafter is greedy only (temperature 0): two sampled chains for the same slots are "
-                             "not one draft distribution q; sample with the 'hybrid' drafter instead")
-        self.draft, self.lookup = draft, lookup
+        if lookup.temperature != draft.temperature:
+            raise ValueError(f"the draft samples at temperature {draft.temperature}, lookup at "
+                             f"{lookup.temperature}: build both with the same temperature")
+        self.draft, self.lookup, self.temperature = draft, lookup, draft.temperature
         self.block_size = max(draft.d.block_size, lookup.block_size)
         self.layer_ids = list(draft.d.target_layer_ids)
         self.chosen = dict(tree=0, draft=0, lookup=0)             # verify steps sent as a tree, or as one chain
@@ -801,7 +831,9 @@ class TreeDrafter:
     def __call__(self, ctx, anchor: int, start: int, tokens):
         drafted = self.draft(ctx, anchor, start, tokens)
         looked, _ = self.lookup.propose_matched(tokens)
-        if drafted[: len(looked)] == looked: sent, out = "draft", drafted        # no match, or lookup's chain in the draft's
+        if self.temperature > 0:                 # sampling: decided from lookup alone, never from the draft's draw
+            sent, out = ("tree", TwoChains(looked, *drafted)) if looked else ("draft", drafted)
+        elif drafted[: len(looked)] == looked: sent, out = "draft", drafted        # no match, or lookup's chain in the draft's
         elif looked[: len(drafted)] == drafted: sent, out = "lookup", looked     # the draft's chain in lookup's
         else: sent, out = "tree", TwoChains(looked, drafted)
         self.chosen[sent] += 1
@@ -835,13 +867,18 @@ register_drafter("tree")(TreeDrafter)
 
 @torch.no_grad()
 def tree_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=(), lookup: dict | None = None,
-                  use_head: bool = True, candidate_k: int = 0, timer: StepTimer | None = None) -> tuple[list[int], dict]:
-    """Greedy speculative decoding (batch 1) with `TreeDrafter`: lookup's chain (settings `lookup`, default
-    `LOOKUP_DEFAULTS`) and the trained `draft`'s in one tree verify; the tokens of `greedy_generate`."""
+                  use_head: bool = True, candidate_k: int = 0, timer: StepTimer | None = None, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> tuple[list[int], dict]:
+    """Speculative decoding (batch 1) with `TreeDrafter`: lookup's chain (settings `lookup`, default `LOOKUP_DEFAULTS`)
+    and the trained `draft`'s in one tree verify; the tokens of `greedy_generate` at `temperature` 0, the distribution of
+    `sample_generate` above it (multi-draft speculative sampling, `verify_two_sampled`)."""
+    _check_temperature(temperature)
     timer = timer or StepTimer()
-    tree = TreeDrafter.build(target, (lookup or {}) | dict(use_head=use_head, candidate_k=candidate_k), draft=draft, timer=timer)
+    if temperature > 0 and generator is None: generator = torch.Generator().manual_seed(0)
+    tree = TreeDrafter.build(target, (lookup or {}) | dict(use_head=use_head, candidate_k=candidate_k), draft=draft,
+                             timer=timer, temperature=temperature, generator=generator)
     out, stats = speculative_loop(target, tree, input_ids, max_new_tokens, tree.block_size, tree.layer_ids,
-                                  stop_token_ids=stop_token_ids, timer=timer)
+                                  stop_token_ids=stop_token_ids, timer=timer, temperature=temperature, generator=generator)
     return out, stats | dict(chosen=dict(tree.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded

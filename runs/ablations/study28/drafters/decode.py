@@ -92,7 +92,7 @@ class Recorder:
         self.t_end = time.perf_counter()
         self.draft_s.append(self.t_end - t0)
         self.lengths.append(len(tokens))
-        self.n_props.append(sum(map(len, props)) if isinstance(props, TwoChains) else len(props))
+        self.n_props.append(len(props.a) + len(props.b) if isinstance(props, TwoChains) else len(props))
         if before: self.chosen.append(next(k for k in before if self.d.chosen[k] > before[k])[0].upper())
         return props
 
