@@ -387,6 +387,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                        'domino_research/decode.py'),
                                         'domino_research.decode._commit': ('decode.html#_commit', 'domino_research/decode.py'),
                                         'domino_research.decode._device': ('decode.html#_device', 'domino_research/decode.py'),
+                                        'domino_research.decode._eagle3_for_hybrid': ( 'decode.html#_eagle3_for_hybrid',
+                                                                                       'domino_research/decode.py'),
                                         'domino_research.decode._kv_heads_shared': ( 'decode.html#_kv_heads_shared',
                                                                                      'domino_research/decode.py'),
                                         'domino_research.decode._new_stats': ('decode.html#_new_stats', 'domino_research/decode.py'),

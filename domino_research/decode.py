@@ -694,6 +694,8 @@ class HybridDrafter:
                     use_head=d["use_head"], candidate_k=d["candidate_k"], **self.lookup.settings)
 
 # %% ../nbs/30_decode.ipynb #e1f0b0a2
+from domino_research.eagle3 import Eagle3DraftModel
+
 @dataclass
 class HybridSettings(LookupSettings):
     "Settings of the `hybrid` drafter: lookup's (`LookupSettings`, defaults `LOOKUP_DEFAULTS`), its rule and the draft's."
@@ -710,7 +712,9 @@ def build(cls: HybridDrafter, target, settings: dict, draft=None, timer: StepTim
     s = asdict(drafter_settings(cls, settings))
     if draft is None: raise ValueError(f"drafter {cls.name!r} decodes with a trained DFlash/Domino draft: pass its folder")
     rule, drafted = s.pop("rule"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
-    proposer = DraftProposer.build(target, drafted, draft=draft, timer=timer, temperature=temperature, generator=generator)
+    kw = dict(timer=timer, temperature=temperature, generator=generator)
+    proposer = (_eagle3_for_hybrid(target, drafted, draft, **kw) if isinstance(draft, Eagle3DraftModel)   # (below)
+                else DraftProposer.build(target, drafted, draft=draft, **kw))
     return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature), rule)
 
 register_drafter("hybrid")(HybridDrafter)
@@ -882,7 +886,7 @@ def tree_generate(target, draft, input_ids, max_new_tokens: int, stop_token_ids=
     return out, stats | dict(chosen=dict(tree.chosen))
 
 # %% ../nbs/30_decode.ipynb #e894aded
-from domino_research.eagle3 import Eagle3Cache, Eagle3DraftModel
+from domino_research.eagle3 import Eagle3Cache  # (Eagle3DraftModel: imported with the hybrid above)
 
 def check_eagle3_fits(draft: Eagle3DraftModel, target) -> list[int]:
     "Raise ConfigError naming the mismatch if the EAGLE-3 `draft` cannot decode with `target`; returns its fused layers."
@@ -1004,24 +1008,13 @@ class Eagle3ForHybrid(Eagle3Proposer):
         return dict(drafter="eagle3", projector_type="eagle3", shift_label=None, block_size=self.bs, use_head=None,
                     candidate_k=None)
 
-# the DFlash/Domino build above; kept once, so that running this cell again does not wrap the wrapper
-_build_hybrid_over_dflash = globals().get("_build_hybrid_over_dflash") or HybridDrafter.build.__func__
-
-@patch(cls_method=True)
-def build(cls: HybridDrafter, target, settings: dict, draft=None, timer: StepTimer | None = None,  # noqa: F811 (patched onto this class)
-          temperature: float = 0.0, generator: torch.Generator | None = None) -> HybridDrafter:
-    "The hybrid over an EAGLE-3 draft (its chain length the draft config's), or over a DFlash/Domino draft as above."
-    if not isinstance(draft, Eagle3DraftModel):
-        return _build_hybrid_over_dflash(cls, target, settings, draft=draft, timer=timer, temperature=temperature,
-                                         generator=generator)
-    s = asdict(drafter_settings(cls, settings))
-    rule, drafted = s.pop("rule"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
+def _eagle3_for_hybrid(target, drafted: dict, draft: Eagle3DraftModel, timer: StepTimer | None = None,
+                       temperature: float = 0.0, generator: torch.Generator | None = None) -> Eagle3ForHybrid:
+    "The trained drafter of a hybrid over an EAGLE-3 draft (`HybridDrafter.build`): its chain length the draft config's."
     if drafted != {"use_head": True, "candidate_k": 0}:
         raise ConfigError(f"drafter 'hybrid': {drafted} set the Domino head, which an EAGLE-3 draft does not have; drop them")
     check_eagle3_fits(draft, target)
-    proposer = Eagle3ForHybrid(draft, target, draft.config.block_size, timer=timer, temperature=temperature,
-                               generator=generator)
-    return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature), rule)
+    return Eagle3ForHybrid(draft, target, draft.config.block_size, timer=timer, temperature=temperature, generator=generator)
 
 # %% ../nbs/30_decode.ipynb #e5e90002
 ENGINE_PATHS = ("dflash", "sglang_domino", "vllm_domino")
