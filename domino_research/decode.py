@@ -19,10 +19,10 @@ from .config import ConfigError, DFlashConfig
 # %% auto #0
 __all__ = ['DRAFTERS', 'DRAFTER_ALIASES', 'PROJECT_LOOKUP', 'LOOKUP_DEFAULTS', 'HYBRID_DEFAULT_RULE', 'HYBRID_RULES',
            'decoder_layers', 'crop_cache', 'plain_generate', 'greedy_generate', 'sample_generate', 'StepTimer',
-           'TwoChains', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class', 'drafter_settings',
-           'build_drafter', 'drafter_generate', 'check_draft_fits', 'DraftProposer', 'speculative_generate',
-           'ngram_propose', 'lookup_propose', 'ngram_generate', 'HybridDrafter', 'hybrid_generate', 'TreeDrafter',
-           'eagle3_generate']
+           'kv_heads_shared', 'TwoChains', 'speculative_loop', 'Drafter', 'register_drafter', 'drafter_class',
+           'drafter_settings', 'build_drafter', 'drafter_generate', 'check_draft_fits', 'DraftProposer',
+           'speculative_generate', 'ngram_propose', 'lookup_propose', 'ngram_generate', 'HybridDrafter',
+           'hybrid_generate', 'TreeDrafter', 'eagle3_generate']
 
 # %% ../nbs/30_decode.ipynb #8d532b6e
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -147,7 +147,7 @@ class StepTimer:
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 @contextmanager
-def _kv_heads_shared(device):
+def kv_heads_shared(device):
     """On CPU, let the target's SDPA share its KV heads in the masked multi-token verify too (transformers' own switch)
     instead of copying them with `repeat_kv` first: the same logits, less time. Elsewhere the switch would force SDPA's
     slow math kernel, so it is left alone there (and whenever the user set it)."""
@@ -217,7 +217,7 @@ def speculative_loop(target, propose, input_ids, max_new_tokens: int, block_size
                 with timer("verify"):
                     block = torch.tensor([[anchor, *proposals]], device=dev)   # [1, bs] at positions start..start+bs-1
                     pos = torch.arange(start, start + block.shape[1], device=dev)[None]   # given, not derived from the cache
-                    with _kv_heads_shared(dev):
+                    with kv_heads_shared(dev):
                         logits = target(input_ids=block, position_ids=pos, cache=cache, use_cache=True).logits[0]   # [bs, V]
                     if sampled: n, nxt = verify_sampled(proposals, q, token_probs(logits, temperature), generator)
                     else:
@@ -783,7 +783,7 @@ def verify_two_chains(target, cache, cap, chains: TwoChains, anchor: int, start:
         raise ValueError("sampling two chains needs the distributions chain b was drawn from: TwoChains(a, b, q_b)")
     dev = _device(target)
     block, pos, mask = tree_inputs(anchor, a, b, start, target.get_input_embeddings().weight.dtype)
-    with _kv_heads_shared(dev):
+    with kv_heads_shared(dev):
         logits = target(input_ids=block.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev), cache=cache,
                         use_cache=True).logits[0]                                   # [1 + m + n, V]
     slots_a, slots_b = list(range(len(a) + 1)), [0, *range(len(a) + 1, len(a) + len(b) + 1)]   # the anchor, then its chain

@@ -41,8 +41,8 @@ from .target import check_target_path, load_target, load_tokenizer
 
 # %% auto #0
 __all__ = ['PROMPT_SCHEMAS', 'prompt_messages', 'prompt_record', 'read_prompts', 'load_prompts', 'encode_prompt',
-           'sample_prompts', 'EvalConfig', 'eval_settings', 'evaluate_draft', 'plot_eval', 'write_eval', 'decode_bench',
-           'decode_eval', 'print_summary']
+           'sample_prompts', 'draft_for_target', 'EvalConfig', 'eval_settings', 'evaluate_draft', 'plot_eval',
+           'write_eval', 'decode_bench', 'decode_eval', 'print_summary']
 
 # %% ../nbs/32_evaluation.ipynb #d09b2cc9
 def prompt_messages(messages: list[dict], where: str) -> list[dict]:
@@ -168,7 +168,7 @@ def _load_eagle3(path):
     if _eagle3_folder(path) == "export": return load_eagle3_export(path)
     return Eagle3DraftModel.from_pretrained(Path(path), use_safetensors=True)
 
-def _draft_model(draft, model):
+def draft_for_target(draft, model):
     "The draft a drafter decodes with: a loaded model as given, or an exported folder (DFlash/Domino or EAGLE-3) read back."
     if draft is None: return None
     dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
@@ -304,7 +304,7 @@ def evaluate_draft(draft=None, target=None, prompts=None, *, verbose: bool = Fal
         if isinstance(target, (str, Path)): check_target_path(target)    # (a missing target is named first: cheaper still)
         check_draft_folder(draft)
     model, tok = _load_target(target, cfg.trust_remote_code)
-    dev, draft = next(model.parameters()).device, _draft_model(draft, model)
+    dev, draft = next(model.parameters()).device, draft_for_target(draft, model)
     probe = build_drafter(spec, model, draft=draft)                    # bad pairs fail before any decoding
     companions = probe.companions(cfg.candidate_ks) if hasattr(probe, "companions") else {}
     if any(f"k{k}" not in companions for k in cfg.candidate_ks):

@@ -307,11 +307,15 @@ def _decode_settings(name: str, seed: int, source, out_dir, prompts, n_eval_prom
     fp = {**_training_key(src["fingerprint"]), "evaluation": evaluation, **({"draft_step": step} if step is not None else {})}
     return Path(out_dir) / "runs" / name / f"seed{seed}", src, draft, json.loads(json.dumps(fp))
 
+def _decoded(run_dir: Path, fp: dict) -> Optional[dict]:
+    "The record in `run_dir` if it was decoded with fingerprint `fp`, else None."
+    done = read_json(run_dir / "result.json")
+    return done if done is not None and done.get("fingerprint") == fp else None
+
 def finished_decode(**task) -> Optional[dict]:
     "The record of a decode-only row already decoded with these settings, or None."
     run_dir, _, _, fp = _decode_settings(**task)
-    done = read_json(run_dir / "result.json")
-    return done if done is not None and done.get("fingerprint") == fp else None
+    return _decoded(run_dir, fp)
 
 def decode_kept(name: str, seed: int, source, out_dir, prompts, n_eval_prompts, max_new_tokens: int, drafter: dict,
                 step: Optional[int] = None, temperature: float = 0.0, targets: Optional[TargetCache] = None, log=print) -> dict:
@@ -320,8 +324,7 @@ def decode_kept(name: str, seed: int, source, out_dir, prompts, n_eval_prompts, 
     result.json (`train_seconds` 0: this row trained nothing; `source` names the run it decoded)."""
     run_dir, src, draft, fp = _decode_settings(name, seed, source, out_dir, prompts, n_eval_prompts, max_new_tokens, drafter,
                                                step, temperature)
-    done = read_json(run_dir / "result.json")
-    if done is not None and done.get("fingerprint") == fp:
+    if (done := _decoded(run_dir, fp)) is not None:
         log(f"[{name} seed {seed}] done before: τ {done['tau']:.3f} (skipped)")
         return done
     c, targets, t0 = src["fingerprint"]["config"], targets or TargetCache(), time.perf_counter()

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 sys.path.insert(0, str(Path(__file__).parent))
 import bench  # noqa: E402  (this folder's loader: the same target and prompts)
 
-from domino_research.decode import _kv_heads_shared, crop_cache  # noqa: E402
+from domino_research.decode import kv_heads_shared, crop_cache  # noqa: E402
 
 N, ROUNDS = 200, 4
 
@@ -28,7 +28,7 @@ def main():
     with torch.no_grad(): target(input_ids=ids, cache=cache, use_cache=True)
 
     def verify():
-        with _kv_heads_shared(torch.device("cpu")): target(input_ids=block, cache=cache, use_cache=True)
+        with kv_heads_shared(torch.device("cpu")): target(input_ids=block, cache=cache, use_cache=True)
         crop_cache(cache, P)
 
     def greedy_step():

@@ -19,7 +19,7 @@ from domino_research.data import repetition_score, stop_token_ids
 from domino_research.decode import (HYBRID_DEFAULT_RULE, LOOKUP_DEFAULTS, PROJECT_LOOKUP, build_drafter,
                                     drafter_generate, greedy_generate, StepTimer, TwoChains)
 from domino_research.embedded import embedded_dataset_path, load_embedded_target
-from domino_research.evaluation import _draft_model, encode_prompt, read_prompts
+from domino_research.evaluation import draft_for_target, encode_prompt, read_prompts
 
 HERE = Path(__file__).parent
 OUT = HERE / "results"
@@ -127,7 +127,7 @@ def test_prompts(tok):
 def run_one(name, spec, target, tok, recs, prompts):
     stops, spec = stop_token_ids(tok, target), dict(spec)
     folder = spec.pop("draft", None)
-    draft = _draft_model(folder, target) if folder is not None else None
+    draft = draft_for_target(folder, target) if folder is not None else None
     greedy = json.loads(result_path("greedy").read_text()) if result_path("greedy").is_file() else None
     rows, t0 = [], time.perf_counter()
     if name == "greedy":

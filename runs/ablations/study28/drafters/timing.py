@@ -15,7 +15,7 @@ from decode import HERE, MAX_NEW, WARMUP_TOKENS, decode_one, runs
 from domino_research.data import stop_token_ids
 from domino_research.decode import greedy_generate
 from domino_research.embedded import embedded_dataset_path, load_embedded_target
-from domino_research.evaluation import _draft_model, encode_prompt, read_prompts, sample_prompts
+from domino_research.evaluation import draft_for_target, encode_prompt, read_prompts, sample_prompts
 
 TIMED = ("lookup_project", "lookup_tuned", "draft/domino/seed0", "draft/dflash_shift_d3/seed0", "hybrid/domino/seed0",
          "hybrid/dflash_shift_d3/seed0")
@@ -36,7 +36,7 @@ def main(argv=None):
     for name in TIMED:
         spec = dict(specs[name])
         folder = spec.pop("draft", None)
-        drafters[name] = (spec, _draft_model(folder, target) if folder is not None else None)
+        drafters[name] = (spec, draft_for_target(folder, target) if folder is not None else None)
 
     def decode(name, ids, max_new):
         if name == "greedy":

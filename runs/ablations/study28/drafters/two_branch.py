@@ -23,7 +23,7 @@ from timing import N_PROMPTS, PROMPT_SEED
 from domino_research.data import stop_token_ids
 from domino_research.decode import LOOKUP_DEFAULTS
 from domino_research.embedded import load_embedded_target
-from domino_research.evaluation import _draft_model, sample_prompts
+from domino_research.evaluation import draft_for_target, sample_prompts
 
 OUT = {"study": HERE / "two_branch.json", "all": HERE / "two_branch_all.json"}
 
@@ -57,7 +57,7 @@ def main(argv=None):
                lookup=LOOKUP_DEFAULTS, runs={})
     for seed in a.seeds:
         spec = specs(seed)
-        draft = _draft_model(spec["hybrid"]["draft"], target)
+        draft = draft_for_target(spec["hybrid"]["draft"], target)
         drafters = {k: {n: v for n, v in s.items() if n != "draft"} for k, s in spec.items() if k in a.drafters}
         committed = json.loads(result_path(f"hybrid/domino/seed{seed}").read_text())["per_prompt"]   # the 303, in order
         for name in drafters: decode_one(target, drafters[name], draft, prompts[0], stops, WARMUP_TOKENS)   # lazy init

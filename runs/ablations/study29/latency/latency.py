@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from domino_research.build import build_draft
-from domino_research.decode import StepTimer, _kv_heads_shared, build_drafter, crop_cache
+from domino_research.decode import StepTimer, kv_heads_shared, build_drafter, crop_cache
 from domino_research.train_config import load_train_config
 
 QWEN3_8B = Path(__file__).resolve().parents[4] / "domino_research/assets/qwen3_8b/config.json"
@@ -103,7 +103,7 @@ def verify_seconds(target, cache, block: int, reps: int, clock=time.perf_counter
     pos = torch.arange(context, context + block)[None]
 
     def step():
-        with _kv_heads_shared(ids.device):                      # the decoder's CPU verify: SDPA shares the KV heads
+        with kv_heads_shared(ids.device):                      # the decoder's CPU verify: SDPA shares the KV heads
             target(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
         crop_cache(cache, context)                              # back to the context: every step sees the same cache
     return median_seconds(step, reps, clock=clock)
