@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the other idles. A group starts where its first test is listed. Order: `pytest -n 2 --durations=40` of the last full
 # run, with each test's cost after its launches moved into the test's process (CPU seconds, measured one file at a time).
 LONGEST_FIRST = [
+    "test_study29.py",                                                     # group study29_tuned: piece 1, then pieces 2-5
     "test_shard.py",                                                       # one 2-rank launch of eight trainings
     "test_gpu_check.py::test_cpu_mode_runs_the_driver",                   # its kill/resume part sleeps 1 s a step
     "test_train.py::test_two_ranks_validation_equals_one_rank",           # group two_ranks: one 2-rank launch of seven jobs

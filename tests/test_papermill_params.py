@@ -131,6 +131,31 @@ def papermill_ctrl_c(nb: Path, out: Path, *params: str) -> tuple[int, str]:
     finally: p.kill()
 
 
+# nbclient's race, not the notebook's: Ctrl-C leaves papermill's event loop with the cell's tasks pending; its kernel
+# shutdown runs that loop again, and when nbclient's once-a-second kernel-alive poll wakes between the kernel's exit and the
+# end of the shutdown, it logs "Kernel died while waiting for execute reply." and abandons the cell's task, whose
+# DeadKernelError asyncio prints at exit, after click's "Aborted!". It happens with any kernel that exits on shutdown
+# (1 run in 6 of `papermill_ctrl_c` on this loaded 2-core machine). Exactly those lines are dropped before the checks.
+NBCLIENT_RACE = re.compile(r"Kernel died while waiting for execute reply\.\n|Task exception was never retrieved\nfuture: <Task "
+                           r"finished name='Task-\d+' coro=<NotebookClient\.async_execute_cell\(\) done, defined at [^\n]*"
+                           r"exception=DeadKernelError\('Kernel died'\)>\nTraceback \(most recent call last\):\n(?:  [^\n]*\n)+"
+                           r"nbclient\.exceptions\.DeadKernelError: Kernel died(?:\n|$)")
+
+
+def test_the_race_filter_drops_that_race_only():
+    "What a run that met the race wrote (its end, as captured), and the same with any other traceback after it."
+    raced = ("error: interrupted while training (optimiser step 3); the last complete checkpoint is ...\n"
+             "Kernel died while waiting for execute reply.\n\nAborted!\nTask exception was never retrieved\n"
+             "future: <Task finished name='Task-21' coro=<NotebookClient.async_execute_cell() done, defined at "
+             "/v/nbclient/client.py:920> exception=DeadKernelError('Kernel died')>\nTraceback (most recent call last):\n"
+             '  File "/v/nbclient/client.py", line 1009, in async_execute_cell\n'
+             '    raise DeadKernelError("Kernel died") from None\nnbclient.exceptions.DeadKernelError: Kernel died\n')
+    assert NBCLIENT_RACE.sub("", raced).splitlines()[-1] == "Aborted!" and "Traceback" not in NBCLIENT_RACE.sub("", raced)
+    other = raced + 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nzmq.error.ZMQError: closed socket\n'
+    assert "ZMQError" in NBCLIENT_RACE.sub("", other)
+    assert NBCLIENT_RACE.sub("", raced.replace("DeadKernelError: Kernel died\n", "ZMQError: closed\n")).count("Traceback") == 1
+
+
 # Ctrl-C lands at the first checkpoint (step 2), well inside training: with 10 steps the signal could arrive after the
 # last step on a loaded machine (a fresh-clone run's kernel died then), so the run keeps 38 steps to go
 PM_PARAMS = ("-p", "max_steps", "40", "-p", "n_eval_prompts", "0", "-p", "extra", "{save_every_steps: 2, num_epochs: 20}")
@@ -144,6 +169,7 @@ def test_ctrl_c_under_papermill_is_one_line_that_resumes(tmp_path):
     on any KeyboardInterrupt: `click.core.Command.main`; nothing the notebook does can remove it). Followed, the
     advice resumes the run. The fault: the training cell without its handler leaves no such line."""
     rc, err = papermill_ctrl_c(NBS / "train.ipynb", tmp_path, *PM_PARAMS)
+    err = NBCLIENT_RACE.sub("", err)
     lines = [l for l in re.split(r"[\r\n]", err) if l.strip()]       # papermill's bar redraws with \r
     said = [l for l in lines if l.startswith("error: ")]
     assert rc == 1 and lines[-1] == "Aborted!", (rc, err[-3000:])

@@ -52,6 +52,10 @@ def test_tune_embedded_plans_the_readme_grid():
     assert plan["eagle3_lr0.01"][3].recipe == "eagle3" and plan["eagle3_lr0.01"][3].learning_rate == 1e-2
 
 
+# The tests that read piece 1's tiny run share one worker (xdist_group): spread over two, each built the run (21 s).
+TUNED = pytest.mark.xdist_group("study29_tuned")
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     "Piece 1 on the tiny setting (one run at a time here: the worker processes are test_ablations' business)."
@@ -63,6 +67,7 @@ def tuned(tmp_path_factory):
     return s, setting, best, log
 
 
+@TUNED
 def test_tune_tiny_runs_every_drafter_on_every_validation_prompt(tuned):
     s, setting, best, log = tuned
     out = setting.root / "tune"
@@ -85,6 +90,7 @@ def test_tune_tiny_runs_every_drafter_on_every_validation_prompt(tuned):
     s.check_decoded_all(out, res, setting.validation)
 
 
+@TUNED
 def test_tune_check_fails_on_other_prompts(tuned):
     "The check `tune` makes after each round fails on a run that decoded a sample, or another prompt file."
     s, setting, _, _ = tuned
@@ -103,6 +109,7 @@ def test_tune_check_fails_on_other_prompts(tuned):
             s.check_decoded_all(bad, res, setting.validation)
 
 
+@TUNED
 def test_tune_resumes_and_keeps_identities(tuned):
     "Run again, every run is found done (nothing trains); keeping checkpoints does not change a run's identity."
     s, setting, best, _ = tuned
@@ -129,6 +136,7 @@ def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
             s.PIECES[piece](setting)
 
 
+@TUNED
 def test_later_pieces_on_tiny(tuned):
     "Pieces 2-5 after the tuning, on the tiny setting: each writes what the next reads; a rerun decodes nothing again."
     s, setting, best, _ = tuned
