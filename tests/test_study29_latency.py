@@ -58,7 +58,8 @@ def test_projection_formula():
 
 def test_tiny_run(tmp_path):
     out = tmp_path / "latency.json"
-    cmd = [sys.executable, str(SCRIPT), "--tiny", "--reps", "2", "--check_layers", "--tau", "dflash=2", "--out", str(out)]
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--reps", "2", "--layers", "2", "4", "--check_layers", "--tau", "dflash=2",
+           "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
