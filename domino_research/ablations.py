@@ -135,10 +135,9 @@ def _study_clock(n_runs: int, log):
 # %% ../nbs/40e_ablations.ipynb #4479c93c
 STOP_GRACE_S = 10.0   # seconds the runs in flight get to stop by themselves after a Ctrl-C or a failure
 
-def _end_workers(pool: ProcessPoolExecutor, grace_s: float):
-    """The pool's processes, ended: each gets `grace_s` to stop (a Ctrl-C from the terminal reached its run too), then
-    SIGTERM. A run killed mid-step resumes from its last checkpoint; a finished run's result.json is already on disk."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
+def _end_workers(procs: list, grace_s: float):
+    """The pool's processes `procs`, ended: each gets `grace_s` to stop (a Ctrl-C from the terminal reached its run too),
+    then SIGTERM. A run killed mid-step resumes from its last checkpoint; a finished run's result.json is already on disk."""
     deadline = time.monotonic() + grace_s
     for p in procs: p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
@@ -161,8 +160,9 @@ def _run_in_workers(tasks: dict, jobs: int, log, tick=lambda: None) -> dict:
                 tick()
         except BaseException:                   # a failure or Ctrl-C: nothing new starts, the runs in flight end within seconds
             stop.set()
+            procs = list((getattr(pool, "_processes", None) or {}).values())    # shutdown() forgets them: taken first
             pool.shutdown(wait=False, cancel_futures=True)
-            _end_workers(pool, grace_s=STOP_GRACE_S)
+            _end_workers(procs, grace_s=STOP_GRACE_S)
             raise
     return out
 

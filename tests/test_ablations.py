@@ -3,6 +3,7 @@ target, checked for its files, the results.json schema, the table, the plots and
 only its bf16 draft)."""
 import json, math, os, subprocess, sys
 
+import pytest
 import yaml
 
 from conftest import REPO, run_notebook, write_config
@@ -162,9 +163,13 @@ def test_seeds_or_budgets_that_are_not_integers_are_one_line(tiny, tmp_path):
     assert error is None and json.loads((out / "results.json").read_text())["meta"]["seeds"] == [0, 1], error
 
 
-def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path):
+@pytest.mark.parametrize("to", ["group", "parent"])
+def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path, to):
     """Ctrl-C in `run_ablation(..., jobs=2)` with 4 runs queued: the two runs in flight stop, no queued run starts (its log
-    would appear), and the call returns within seconds. Before, the pool started the next queued run and waited for it."""
+    would appear), and the call returns within seconds. Before, the pool started the next queued run and waited for it.
+    `group`: a terminal's Ctrl-C, which reaches the workers too; `parent`: SIGINT to the parent alone (`kill -INT`, a
+    supervisor), where the workers are ended by the parent: it had lost their handles to `pool.shutdown` and waited
+    for the runs in flight to finish (as it would after a run's failure)."""
     import signal, time
     out = tmp_path / "abl"
     script = (f"from domino_research.ablations import run_ablation\n"
@@ -182,7 +187,7 @@ def test_ctrl_c_stops_a_worker_pool_at_once(tiny, tmp_path):
         assert p.poll() is None and len(logs()) == 2, (logs(), p.poll())  # two runs training, two queued
         time.sleep(2)
         t0 = time.time()
-        os.killpg(p.pid, signal.SIGINT)                                 # what the terminal does on Ctrl-C
+        (os.killpg if to == "group" else os.kill)(p.pid, signal.SIGINT)  # group: what the terminal does on Ctrl-C
         _, err = p.communicate(timeout=90)
         took = time.time() - t0
     finally:
