@@ -128,6 +128,15 @@ def test_cli_refuses_out_without_tiny(capsys):
     assert "--out is for --tiny only" in capsys.readouterr().err
 
 
+def test_ctrl_c_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch):
+    s = _study()
+    def stopped(_): raise KeyboardInterrupt
+    monkeypatch.setitem(s.PIECES, "tune", stopped)
+    with pytest.raises(SystemExit, match="study.py tune: stopped by Ctrl-C; .* run the same command again") as e:
+        s.main(["tune", "embedded", "--tiny", "--out", str(tmp_path)])
+    assert e.value.__suppress_context__                  # no KeyboardInterrupt traceback printed above the line
+
+
 def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
     s = _study()
     setting = dataclasses.replace(s.tiny(tmp_path), jobs=1)

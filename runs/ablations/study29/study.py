@@ -340,7 +340,10 @@ def main(argv=None):
         print(f"dry run on the tiny setting in {root}")
         s = tiny(root)
     else: s = TARGETS[a.target]()
-    return PIECES[a.piece](s)
+    try: return PIECES[a.piece](s)
+    except KeyboardInterrupt:                   # the runs' own lines say where each stopped; no traceback on top of them
+        raise SystemExit(f"study.py {a.piece}: stopped by Ctrl-C; finished runs are kept and a run in flight resumes from "
+                         f"its last checkpoint: run the same command again") from None
 
 
 if __name__ == "__main__":
