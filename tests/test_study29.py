@@ -133,6 +133,7 @@ def test_ctrl_c_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch):
     s = _study()
     def stopped(_): raise KeyboardInterrupt
     monkeypatch.setitem(s.PIECES, "tune", stopped)
+    ended = None                                         # main returning at all is a failure too
     try: s.main(["tune", "embedded", "--tiny", "--out", str(tmp_path)])
     except BaseException as e: ended = e                # the fault, a bare KeyboardInterrupt, is caught here too
     assert isinstance(ended, SystemExit), repr(ended)
