@@ -5,6 +5,8 @@
 # %% ../nbs/20_eagle3.ipynb #022339eb
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, Qwen3Config
@@ -12,13 +14,13 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
 from .blocks import document_bounds
 from .config import ConfigError
-from .domino import LOSS_EPS, BlockTargets
+from .domino import LOSS_EPS
 from .draft import DFlashRotaryEmbedding, apply_rope, rope_parameters
 from .loss import accept_len, chunked_dual_ce
 
 # %% auto #0
-__all__ = ['check_eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Cache', 'draft_layer_ids', 'Eagle3DraftModel',
-           'ttt_hidden_states', 'Eagle3Trainer']
+__all__ = ['check_eagle3_layer_ids', 'eagle3_qwen3_config', 'Eagle3Cache', 'draft_layer_ids', 'Eagle3DraftModel', 'ttt_active',
+           'ttt_hidden_states', 'TTTTargets', 'Eagle3Trainer']
 
 # %% ../nbs/20_eagle3.ipynb #1e0cb1cb
 def eagle3_layer_ids(num_target_layers: int) -> list[int]:
@@ -109,14 +111,19 @@ class Eagle3DecoderLayer(nn.Module):
         self.input_layernorm, self.hidden_norm = Qwen3RMSNorm(H, eps=eps), Qwen3RMSNorm(H, eps=eps)
         self.post_attention_layernorm = Qwen3RMSNorm(H, eps=eps)
 
-    def forward(self, embeds, hidden, position_embeddings, attend):
-        "New features `[B, Q, H]` from token embeddings and features `[B, Q, H]`; `attend(q, k, v)` picks the keys."
+    def forward(self, embeds, hidden, position_embeddings, attend, rows: Tensor | None = None):
+        """New features `[B, Q, H]` from token embeddings and features `[B, Q, H]`; `attend(q, k, v)` picks the keys.
+        `rows` (flat indices into `[B*Q]`): the MLP runs on these positions only; the others keep the attention's
+        residual, a feature nothing may read (None: every position)."""
         B, Q, _ = hidden.shape
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)       # [B, Q, 2H]
         q, k, v = self.self_attn.qkv(x, *position_embeddings)
         o = attend(q, k, v).transpose(1, 2).reshape(B, Q, -1)                             # [B, Q, nh*d]
         h = hidden + self.self_attn.o_proj(o)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if rows is None: return h + self.mlp(self.post_attention_layernorm(h))
+        flat = h.reshape(B * Q, -1)
+        sel = flat.index_select(0, rows)
+        return flat.index_copy(0, rows, sel + self.mlp(self.post_attention_layernorm(sel))).view(B, Q, -1)
 
 # %% ../nbs/20_eagle3.ipynb #e9e72f55
 class Eagle3Cache:
@@ -178,11 +185,11 @@ class Eagle3DraftModel(PreTrainedModel):
                              f"{self.fc.in_features} = layers {self.target_layer_ids} x hidden {self.config.hidden_size}")
         return self.fc(target_hidden.to(self.fc.weight.dtype))
 
-    def step(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, attend) -> Tensor:
-        "One pass of the layer: features `[B, Q, H]` from embeddings and features at `position_ids [B, Q]`."
+    def step(self, embeds: Tensor, hidden: Tensor, position_ids: Tensor, attend, rows: Tensor | None = None) -> Tensor:
+        "One pass of the layer: features `[B, Q, H]` from embeddings and features at `position_ids [B, Q]` (`rows`: the layer's)."
         dtype = self.fc.weight.dtype
         hidden = hidden.to(dtype)
-        return self.midlayer(embeds.to(dtype), hidden, self.rotary_emb(hidden, position_ids), attend)
+        return self.midlayer(embeds.to(dtype), hidden, self.rotary_emb(hidden, position_ids), attend, rows)
 
     def logits_input(self, hidden: Tensor) -> Tensor: return self.norm(hidden)
 
@@ -241,9 +248,15 @@ def ttt_targets(input_ids: Tensor, loss_mask: Tensor, steps: int, decay: float,
     return labels, valid, valid * decay_k[None, :, None]
 
 # %% ../nbs/20_eagle3.ipynb #2830de44
+def ttt_active(valid: Tensor) -> Tensor:
+    "Bool `[B, K, S]`: step k computes position t iff a label of t counts at step k or later (`valid [B, K, S]`)."
+    return valid.flip(1).int().cumsum(1).flip(1) > 0
+
 def ttt_hidden_states(draft: Eagle3DraftModel, embed: nn.Embedding, input_ids: Tensor, target_hidden: Tensor, steps: int,
-                      position_ids: Tensor | None = None) -> Tensor:
-    "The draft's output features `h^k_t` `[B, K, S, H]` of K training-time-test steps (before the final norm)."
+                      position_ids: Tensor | None = None, rows: list[Tensor] | None = None) -> Tensor:
+    """The draft's output features `h^k_t` `[B, K, S, H]` of K training-time-test steps (before the final norm).
+    `rows[k]`: the flat positions `[B*S]` step k computes in full (`TTTTargets.rows`); the others' features are not
+    meaningful (None: every position)."""
     B, S = input_ids.shape
     pos = torch.arange(S, device=input_ids.device).expand(B, S) if position_ids is None else position_ids.long()
     mask = ttt_context_mask(B, S, input_ids.device, position_ids)
@@ -255,11 +268,22 @@ def ttt_hidden_states(draft: Eagle3DraftModel, embed: nn.Embedding, input_ids: T
         return ttt_attention(q, keys, values, mask, scale)
     for k in range(steps):
         with torch.no_grad(): e = embed(ttt_input_ids(input_ids, k))                      # frozen target embedding
-        h = draft.step(e, ttt_feature(h, projected, k), ttt_positions(pos, k), attend)
+        h = draft.step(e, ttt_feature(h, projected, k), ttt_positions(pos, k), attend, None if rows is None else rows[k])
         out.append(h)
     return torch.stack(out, 1)
 
 # %% ../nbs/20_eagle3.ipynb #ca08f74d
+class TTTTargets(NamedTuple):
+    """The recipe's `BlockTargets` for EAGLE-3, built on the host batch, with where the work is: flat indices that the
+    forward reads without asking the device (a boolean mask read there would make the host wait)."""
+    labels: Tensor      # Long[B, K, S]
+    valid: Tensor       # Bool[B, K, S]
+    weights: Tensor     # Float[B, K, S]
+    n_weighted: int     # counted labels
+    slots: Tensor       # Long[n_weighted]: flat indices into [B*K*S] of the counted labels (the CE's rows)
+    rows: Tensor        # Long[Σ n_rows]: step by step, flat indices into [B*S] of the positions `ttt_active` keeps
+    n_rows: list        # positions kept at each step (host ints: `rows.split(n_rows)` costs no sync)
+
 class Eagle3Trainer(nn.Module):
     "Training step of an EAGLE-3 draft: the K-step training-time-test loss and its metric sums for one micro-batch."
     def __init__(self, draft: Eagle3DraftModel, target_embed: nn.Embedding, target_lm_head: nn.Linear, *,
@@ -283,11 +307,13 @@ class Eagle3Trainer(nn.Module):
     @property
     def target_lm_head(self) -> nn.Linear: return self._target[1]
 
-    def block_targets(self, input_ids, loss_mask, anchors=None, keep=None, position_ids=None):
-        """The TTT labels, counted labels and weights `[B, K, S]` and the count of weighted slots, as the recipe's
-        `BlockTargets` (its anchors do not apply to EAGLE-3); called on the host batch, so the count costs no sync."""
+    def block_targets(self, input_ids, loss_mask, anchors=None, keep=None, position_ids=None) -> TTTTargets:
+        """The TTT labels, counted labels and weights `[B, K, S]`, the counted slots and the positions each step computes
+        (its anchors do not apply to EAGLE-3); called on the host batch, so the counts cost no sync."""
         labels, valid, w = ttt_targets(input_ids, loss_mask, self.ttt_steps, self.ttt_loss_decay, position_ids)
-        return BlockTargets(labels, valid, w, int((w != 0).sum()))
+        slots = valid.reshape(-1).nonzero().squeeze(1)                 # w != 0 exactly where valid: the decay is > 0
+        rows = [a.reshape(-1).nonzero().squeeze(1) for a in ttt_active(valid).unbind(1)]
+        return TTTTargets(labels, valid, w, len(slots), slots, torch.cat(rows), [len(r) for r in rows])
 
     def prepare_batch(self, batch: dict, generator=None):
         """No anchors: every position trains. The TTT targets put into the host batch, and their Σw; None when it has no
@@ -319,13 +345,16 @@ def _forward(self: Eagle3Trainer, input_ids, loss_mask, target_hidden, anchor_po
     if tuple(target_hidden.shape[:2]) != tuple(input_ids.shape):
         raise ValueError(f"target_hidden {tuple(target_hidden.shape)} does not match input_ids {tuple(input_ids.shape)} "
                          "in [B, S].")
-    labels, valid, w, n_w = targets if targets is not None else self.block_targets(input_ids, loss_mask,
-                                                                                   position_ids=position_ids)
-    hs = ttt_hidden_states(self.draft, self.target_embed, input_ids, target_hidden, self.ttt_steps, position_ids)
-    ce = chunked_dual_ce(self.draft.logits_input(hs), self.target_lm_head.weight.detach(), labels, w,
-                         chunk_size=self.ce_chunk_size, n_weighted=n_w)
-    wsum = w.sum()
+    t = targets if targets is not None else self.block_targets(input_ids, loss_mask, position_ids=position_ids)
+    hs = ttt_hidden_states(self.draft, self.target_embed, input_ids, target_hidden, self.ttt_steps, position_ids,
+                           rows=t.rows.split(t.n_rows))
+    B, K, S = t.labels.shape
+    counted = lambda x: x.reshape(B * K * S, *x.shape[3:]).index_select(0, t.slots)     # the rows of the counted labels
+    ce = chunked_dual_ce(self.draft.logits_input(counted(hs)), self.target_lm_head.weight.detach(), counted(t.labels),
+                         counted(t.weights), chunk_size=self.ce_chunk_size, n_weighted=t.n_weighted)
+    pred = torch.full_like(t.labels, -1).view(-1).index_copy(0, t.slots, ce["base_pred"]).view_as(t.labels)   # uncounted: -1
+    wsum = t.weights.sum()
     loss = ce["base_ce_sum"] / (wsum + LOSS_EPS)
-    return dict(loss=loss, weight_sum=wsum.detach(), metrics=_ttt_metrics(ce["base_pred"], labels, valid, loss, w))
+    return dict(loss=loss, weight_sum=wsum.detach(), metrics=_ttt_metrics(pred, t.labels, t.valid, loss, t.weights))
 
 Eagle3Trainer.forward = _forward
