@@ -1,0 +1,132 @@
+"""Study 29's tables, computed from the files its pieces wrote (notebook 41 shows them and asserts every figure it quotes).
+
+    python runs/ablations/study29/tables.py                          # the shipped target's pieces (embedded/)
+    python runs/ablations/study29/tables.py --root DIR --tiny        # a dry run (study.py PIECE embedded --tiny --out DIR)
+
+τ of a row (a drafter, alone or in the hybrid, greedy or sampled) is the mean over its seeds of each seed's pooled τ
+(Σ committed / Σ verify steps over the prompts), with a 95 % bootstrap interval over prompts. A ratio of two rows pairs
+seed with seed on the seeds both have (lookup, which has no seed, pairs with every seed) and quotes the wider of the
+paired bootstrap over prompts and seeds and a t interval over the per-seed ratios (notebook 41, study 28's rule).
+"""
+import argparse, json
+from pathlib import Path
+
+import numpy as np
+
+from domino_research.evaluation import read_prompts, sample_prompts
+from domino_research.stats import bootstrap_indices, pooled_tau_ratio, seed_t_interval, wider_interval
+
+STUDY = Path(__file__).resolve().parent
+TAGS = ("greedy", "T1")                                  # the decodes of piece 4: greedy and sampled at T = 1
+
+
+def _read(path: Path) -> dict: return json.loads(Path(path).read_text())
+
+
+def test_records(root: Path) -> dict:
+    """{row: {seed: record}} of piece 4 (`test`) with the table's own greedy decodes of seeds >= 1 (piece 3), as
+    `study.test` assembled them: rows '<v>_<tag>', '<v>+lookup_<tag>' and 'lookup_<tag>'."""
+    root, st = Path(root), _read(Path(root) / "settings.json")
+    rows = {}
+    for f in sorted((root / "test" / "runs").glob("*/seed*/result.json")):
+        rows.setdefault(f.parent.parent.name, {})[int(f.parent.name[4:])] = _read(f)
+    for v in st["rates"]:
+        for f in sorted(root.glob(f"steps*/{v}/runs/{v}/seed*/result.json")):       # steps2880 (a dry run: steps4)
+            rows.setdefault(f"{v}_greedy", {})[int(f.parent.name[4:])] = _read(f)
+    for tag in TAGS:
+        rows[f"lookup_{tag}"] = {0: _read(root / "test" / f"lookup_{tag}" / "runs" / "lookup" / "seed0" / "result.json")}
+    summary = _read(root / "test.json")["tau"]
+    for row, seeds in rows.items():                      # what test.json lists is what these files hold, row for row
+        assert {str(k): r["tau"] for k, r in seeds.items()} == summary[row], f"{row}: files and test.json disagree"
+    assert set(rows) == set(summary), f"rows {set(summary) ^ set(rows)}: in one of test.json and the run folders only"
+    return rows
+
+
+class Tables:
+    "Per-prompt counts of every row of piece 4 on the same prompts, in the prompts' file order."
+    def __init__(self, root: Path, strata: dict, prompts):
+        self.rows = test_records(root)
+        first = next(iter(self.rows["lookup_greedy"].values()))
+        self.ids = [p["prompt_id"] for p in first["per_prompt"]]
+        for row, seeds in self.rows.items():
+            for k, r in seeds.items():
+                assert [p["prompt_id"] for p in r["per_prompt"]] == self.ids, f"{row} seed {k}: other prompts or order"
+        # the decodes' order is the prompt sample's (seeded, round-robin over modules); ids repeat, so match by row index
+        ps = first["evaluation"]["prompt_sample"]
+        order = [r["index"] for r in sample_prompts(read_prompts(prompts), len(self.ids), ps["seed"], ps["stratify_by"])]
+        by_index = {p["index"]: p for p in strata["prompts"]}
+        assert [by_index[i]["id"] for i in order] == self.ids, f"{prompts}: other prompts than the decodes', or in another order"
+        self.index, self.stratum = order, np.array([by_index[i]["stratum"] for i in order])
+        self.loops = self._looping()
+
+    def _looping(self) -> np.ndarray:
+        "Whether the target's greedy answer to each prompt loops: the same in every greedy record (they are lossless)."
+        greedy = [r for row, seeds in self.rows.items() if row.endswith("_greedy") for r in seeds.values()]
+        loops = {tuple(p["loops"] for p in r["per_prompt"]) for r in greedy}
+        assert len(loops) == 1 and all(r["lossless"] for r in greedy), "the greedy decodes disagree on the target's answers"
+        return np.array(loops.pop())
+
+    def counts(self, row: str, seeds=None, sel=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        "Committed tokens and verify steps, [prompts, seeds], of a row on the prompts `sel` (seeds: all it has, or these)."
+        runs = self.rows[row]
+        ks = sorted(runs) if seeds is None else seeds
+        return tuple(np.array([[p[key] for p in runs[k]["per_prompt"]] for k in ks], dtype=float).T[sel]
+                     for key in ("committed_spec", "verify_steps_spec"))
+
+    def tau(self, row: str, sel=slice(None), n_boot: int = 10_000) -> dict:
+        "τ (the mean over seeds of each seed's pooled τ) with a 95 % percentile bootstrap over prompts, and the seeds' τ."
+        c, v = self.counts(row, sel=sel)
+        idx = bootstrap_indices(len(c), n_boot, seed=0)
+        lo, hi = np.quantile((c[idx].sum(1) / v[idx].sum(1)).mean(1), [0.025, 0.975])
+        seeds = c.sum(0) / v.sum(0)
+        return dict(tau=float(seeds.mean()), lo=float(lo), hi=float(hi), seeds=seeds.tolist(), n=len(c))
+
+    def ratio(self, a: str, b: str, sel=slice(None), n_boot: int = 10_000) -> dict:
+        "τ_a / τ_b on the prompts `sel`, seed paired with seed on the seeds both rows have (lookup: with every seed)."
+        sa, sb = sorted(self.rows[a]), sorted(self.rows[b])
+        shared = sa if len(sb) == 1 and b.startswith("lookup") else sb if len(sa) == 1 and a.startswith("lookup") \
+            else [k for k in sa if k in sb]
+        pick = lambda row, s: [k if k in self.rows[row] else 0 for k in shared] if row.startswith("lookup") else shared
+        (ca, va), (cb, vb) = self.counts(a, pick(a, sa), sel), self.counts(b, pick(b, sb), sel)
+        per_seed = ((ca.sum(0) / va.sum(0)) / (cb.sum(0) / vb.sum(0))).tolist()
+        boot = pooled_tau_ratio(ca, va, cb, vb, n_boot=n_boot, seed=0)
+        return dict(wider_interval(boot, seed_t_interval(per_seed) if len(shared) > 1 else None), per_seed=per_seed,
+                    seeds=shared, n=len(ca))
+
+    def splits(self) -> dict:
+        "{name: boolean mask over the prompts}: all, each prompt-only stratum, the looping and the non-looping answers."
+        return {"all": np.ones(len(self.ids), bool), **{f"stratum{t}": self.stratum == t for t in range(3)},
+                "looping": self.loops, "non-looping": ~self.loops}
+
+
+def tiny_strata(prompts_file: Path, tokenizer_dir: Path) -> dict:
+    "A dry run's strata, as strata.py computes them (its prompts are not the study's: their cut points mean nothing)."
+    from domino_research.data import prompt_repetition, stratum, tercile_cuts
+    from domino_research.evaluation import encode_prompt, read_prompts
+    from domino_research.target import load_tokenizer
+    tok, recs = load_tokenizer(tokenizer_dir), read_prompts(prompts_file)
+    scores = [prompt_repetition(encode_prompt(tok, r["messages"])[0].tolist()) for r in recs]
+    cuts = tercile_cuts(scores)
+    return {"cuts": cuts, "prompts": [{"index": r["index"], "id": r["id"], "stratum": stratum(s, cuts)}
+                                      for r, s in zip(recs, scores)]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", type=Path, default=STUDY / "embedded")
+    p.add_argument("--strata", type=Path, default=STUDY / "strata_embedded.json")
+    p.add_argument("--tiny", action="store_true", help="--root is a dry run: its strata are computed from its prompts")
+    a = p.parse_args(argv)
+    if a.tiny:
+        prompts = a.root / "setting" / "val.jsonl"
+        strata = tiny_strata(prompts, a.root / "setting" / "target")
+    else: strata, prompts = _read(a.strata), STUDY.parents[2] / _read(a.strata)["source"]
+    t = Tables(a.root, strata, prompts)
+    for row in sorted(t.rows, key=lambda r: -t.tau(r, n_boot=200)["tau"]):
+        x = t.tau(row, n_boot=1000)
+        print(f"{row:32s} τ {x['tau']:.3f} [{x['lo']:.3f}, {x['hi']:.3f}] seeds {sorted(t.rows[row])}")
+    for name, sel in t.splits().items(): print(f"{name}: {int(sel.sum())} prompts")
+
+
+if __name__ == "__main__":
+    main()
