@@ -34,6 +34,20 @@ def test_edge_rule():
     assert s.extensions({"a": 3e-3}, {"a": [3e-3]}) == [("a", 1e-3), ("a", 1e-2)]
 
 
+def test_finished_edges_extend_only_drafters_whose_rates_are_all_done(tmp_path):
+    "A drafter whose grid is complete gets its edge rate in the next round, beside the others' runs; an unfinished one waits."
+    s = _study()
+    setting = s.Setting(tmp_path, "embedded:validation")
+    taus = {"a": {1e-3: 2.3, 3e-3: 2.1, 1e-2: 2.0}, "b": {1e-3: 4.4, 3e-3: 4.5}, "c": {1e-3: 2.5, 3e-3: 2.7, 1e-2: 2.6}}
+    for v, t in taus.items():
+        for lr, tau in t.items():
+            (setting.root / "tune" / "runs" / f"{v}_lr{lr:g}" / "seed0").mkdir(parents=True)
+            (setting.root / "tune" / "runs" / f"{v}_lr{lr:g}" / "seed0" / "result.json").write_text(json.dumps({"tau": tau}))
+    tried = {v: [1e-3, 3e-3, 1e-2] for v in taus}
+    assert s.finished_edges(setting, tried) == [("a", 3e-4)]            # b's 1e-2 is not done: b waits, however it stands
+    assert s.finished_edges(setting, {**tried, "a": [3e-4, *tried["a"]]}) == []     # a's 3e-4 not done yet: nothing more
+
+
 def test_tune_embedded_plans_the_readme_grid():
     "The real piece's table, resolved without training: 3 drafters × 3 rates, each at Domino's parameter count."
     s = _study()

@@ -129,12 +129,24 @@ def first_rates(s: Setting) -> dict:
     return out
 
 
+def finished_edges(s: Setting, tried: dict) -> list[tuple[str, float]]:
+    """The edge rule's next rates for the drafters whose every tried rate has already been trained and decoded (by
+    their `result.json`); `tune` adds them to its next round instead of waiting for the other drafters' runs."""
+    done = {v: {lr: _tune_run(s, v, lr) / "result.json" for lr in rates} for v, rates in tried.items()}
+    done = {v: {lr: json.loads(f.read_text())["tau"] for lr, f in fs.items()} for v, fs in done.items()
+            if all(f.is_file() for f in fs.values())}
+    return extensions({v: max(t, key=t.get) for v, t in done.items()}, {v: tried[v] for v in done}, s.ladder)
+
+
 def tune(s: Setting, log=print) -> dict:
     """Piece 1: every trained drafter at each rate of the grid, seed 0, the full budget, decoded greedily on every
     validation prompt; then the edge rule, until every best rate is inside its tried rates. Writes <root>/tune/ and
     <root>/tune/best_lr.json ({variant: rate}, chosen by decoded τ); returns that mapping."""
     tried = first_rates(s)
     while True:
+        for v, lr in finished_edges(s, tried):           # beside the round's other runs, so that no core idles
+            log(f"tune: {v}'s rates are all done and its best is at the edge: adding {lr:g}")
+            tried[v].append(lr)
         table = lr_sweep([(v, lr) for v in tried for lr in sorted(tried[v])])
         res = run_ablation(list(table), s.steps, [0], s.root / "tune", table=table, prompts=s.validation,
                            n_eval_prompts="all", max_new_tokens=s.max_new_tokens, jobs=s.jobs, keep_steps=s.keep_steps,
