@@ -141,7 +141,8 @@ def _end_workers(procs: list, grace_s: float):
     deadline = time.monotonic() + grace_s
     for p in procs: p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
-        if p.is_alive(): os.kill(p.pid, signal.SIGTERM)
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError): os.kill(p.pid, signal.SIGTERM)   # it may end in between
 
 def _run_in_workers(tasks: dict, jobs: int, log, tick=lambda: None) -> dict:
     """{key: run_one(**kw)} for `tasks` = {key: kw}, `jobs` at a time in spawned processes; the first failure cancels
