@@ -10,7 +10,8 @@ import functools
 import numpy as np
 
 # %% auto #0
-__all__ = ['paired_bootstrap_ratio', 'seed_t_interval', 'wider_interval', 'pooled_tau_ratio', 'pooled_rate_difference']
+__all__ = ['paired_bootstrap_ratio', 'seed_t_interval', 'wider_interval', 'pooled_tau_ratio', 'seed_mean_tau', 'quoted_tau_ratio',
+           'pooled_rate_difference']
 
 # %% ../nbs/07_stats.ipynb #17ef9b30
 def bootstrap_indices(n: int, n_boot: int, seed: int = 0, groups=None) -> np.ndarray:
@@ -125,6 +126,34 @@ def pooled_tau_ratio(committed_a, steps_a, committed_b, steps_b, groups=None, n_
     lo, hi = np.nanquantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return dict(ratio=float((CA / VA) / (CB / VB)), lo=float(lo), hi=float(hi), level=level, n=len(np.asarray(committed_a)),
                 n_boot=n_boot)
+
+# %% ../nbs/07_stats.ipynb #137c56af
+def _counts(*arrays) -> list[np.ndarray]:
+    "Counts as float arrays `[n_prompts, n_seeds]` (a 1-D array is one seed)."
+    return [np.asarray(a, dtype=float).reshape(len(a), -1) for a in arrays]
+
+def seed_mean_tau(committed, steps, n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> dict:
+    """τ of one drafter's decodes, counts `[n_prompts, n_seeds]`: the mean over seeds of each seed's pooled τ, with a
+    percentile bootstrap over prompts (the same prompts for every seed), each seed's τ and the number of prompts."""
+    c, v = _counts(committed, steps)
+    if c.shape != v.shape: raise ValueError(f"seed_mean_tau: committed {c.shape} and steps {v.shape} differ in shape")
+    if (v.sum(0) == 0).any(): raise ValueError("seed_mean_tau: a seed has no verify step: its τ is undefined")
+    idx = bootstrap_indices(len(c), n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):        # a resample of only empty prompts: dropped, as above
+        lo, hi = np.nanquantile((c[idx].sum(1) / v[idx].sum(1)).mean(1), [(1 - level) / 2, (1 + level) / 2])
+    seeds = c.sum(0) / v.sum(0)
+    return dict(tau=float(seeds.mean()), lo=float(lo), hi=float(hi), seeds=seeds.tolist(), n=len(c))
+
+# %% ../nbs/07_stats.ipynb #58886f39
+def quoted_tau_ratio(committed_a, steps_a, committed_b, steps_b, n_boot: int = 10000, seed: int = 0,
+                     level: float = 0.95) -> dict:
+    """τ_a / τ_b of two drafters on the same prompts, seeds paired column by column: the pooled ratio with the wider of
+    the paired bootstrap and the t interval over the per-seed ratios (one seed: the bootstrap), and the per-seed ratios."""
+    ca, va, cb, vb = _counts(committed_a, steps_a, committed_b, steps_b)
+    per_seed = ((ca.sum(0) / va.sum(0)) / (cb.sum(0) / vb.sum(0))).tolist()
+    boot = pooled_tau_ratio(ca, va, cb, vb, n_boot=n_boot, seed=seed, level=level)
+    seed_t = seed_t_interval(per_seed, level) if len(per_seed) > 1 else None
+    return dict(wider_interval(boot, seed_t), per_seed=per_seed, n=boot["n"])
 
 # %% ../nbs/07_stats.ipynb #8a9de4e3
 def pooled_rate_difference(hits_a, steps_a, hits_b, steps_b, groups=None, n_boot: int = 10000, seed: int = 0,

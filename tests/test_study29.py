@@ -18,6 +18,8 @@ from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "runs/ablations/study29/study.py"
+TABLES = ROOT / "runs/ablations/study29/tables.py"
+REGEN = ROOT / "runs/ablations/study29/regen_steps.py"
 
 
 def _study():
@@ -190,3 +192,63 @@ def test_later_pieces_on_tiny(tuned):
     again = []
     s.test(setting, log=again.append)
     assert not any("decoded in" in line and "skipped" not in line for line in again), again
+
+
+@TUNED
+def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
+    """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows
+    have, the splits cover every prompt; records test.json does not list alike, or decoded in another order, are refused."""
+    s, setting, _, _ = tuned
+    for piece in (s.settings, s.table, s.test): piece(setting, log=lambda _: None)   # done by the test above: skipped
+    T, root = load_script(TABLES, "study29_tables"), setting.root
+    prompts = root / "setting" / "val.jsonl"
+    strata = T.tiny_strata(prompts, root / "setting" / "target")
+    t = T.Tables(root, strata, prompts)
+    summary = json.loads((root / "test.json").read_text())["tau"]
+    assert set(t.rows) == set(summary)
+    for row, seeds in summary.items():
+        x = t.tau(row, n_boot=50)
+        assert x["seeds"] == pytest.approx([seeds[k] for k in sorted(seeds, key=int)], abs=1e-12), row
+        assert x["n"] == len(t.ids) == len(read_prompts(prompts)) and x["lo"] <= x["tau"] <= x["hi"], row
+    r = t.ratio("domino_greedy", "lookup_greedy", n_boot=50)    # lookup (one run) is paired with each of Domino's seeds
+    assert r["seeds"] == [0, 1]
+    assert r["per_seed"] == pytest.approx([summary["domino_greedy"][k] / summary["lookup_greedy"]["0"] for k in "01"])
+    sp = t.splits()
+    assert sum(int(sp[f"stratum{k}"].sum()) for k in range(3)) == int(sp["all"].sum()) == len(t.ids)
+    assert (sp["looping"] ^ sp["non-looping"]).all()
+    for fault, match in (("tau", "files and test.json disagree"), ("order", "other prompts or order")):
+        bad = root.parent / f"{root.name}_bad_{fault}"
+        shutil.copytree(root, bad, ignore=shutil.ignore_patterns("*.safetensors", "*.png", ".data_cache"))
+        f = next((bad / "test" / "runs").glob("domino_T1/seed0/result.json"))
+        rec = json.loads(f.read_text())
+        if fault == "tau": rec["tau"] += 0.01
+        else: rec["per_prompt"] = rec["per_prompt"][::-1]
+        f.write_text(json.dumps(rec))
+        with pytest.raises(AssertionError, match=match):
+            T.Tables(bad, strata, prompts)
+
+
+@TUNED
+def test_regen_steps_writes_the_kept_drafts_only_from_the_same_losses(tuned, tmp_path):
+    """regen_steps.py trains a finished run again and writes its kept step drafts byte for byte; with one setting changed
+    (the learning rate) it refuses and writes nothing; and it never overwrites a kept draft."""
+    s, setting, best, _ = tuned
+    R = load_script(REGEN, "study29_regen")
+    src = setting.root / "tune" / "runs" / f"domino_lr{best['domino']:g}" / "seed0"
+    runs = {k: tmp_path / k / "runs" / "domino" / "seed0" for k in ("same", "other_lr")}
+    for run in runs.values():
+        shutil.copytree(src, run, ignore=shutil.ignore_patterns("checkpoints"))
+    kept = lambda run: [run / f"draft_bf16_step{k}" / "model.safetensors" for k in setting.keep_steps]
+    original = [f.read_bytes() for f in kept(src)]
+    for run in runs.values():
+        for f in kept(run): f.unlink()
+    cfg = runs["other_lr"] / "config.yaml"
+    cfg.write_text(re.sub(r"(?m)^learning_rate: .*$", "learning_rate: 0.5", cfg.read_text()))
+    steps = ["--steps", *map(str, setting.keep_steps)]
+    with pytest.raises(SystemExit, match="the loss differs .*nothing written"):
+        R.main([str(runs["other_lr"]), *steps, "--scratch", str(tmp_path / "scratch_other")])
+    assert not any(f.exists() for f in kept(runs["other_lr"]))
+    R.main([str(runs["same"]), *steps, "--scratch", str(tmp_path / "scratch_same")])
+    assert [f.read_bytes() for f in kept(runs["same"])] == original
+    with pytest.raises(SystemExit, match="exist already"):
+        R.main([str(runs["same"]), *steps, "--scratch", str(tmp_path / "scratch_again")])

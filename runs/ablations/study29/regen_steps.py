@@ -46,11 +46,10 @@ def main(argv=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")   # one thread, as the study's runs
     proc, t0 = subprocess.Popen([sys.executable, "-m", "domino_research.train", "--config", str(scratch / "config.yaml")],
                                 env=env), time.time()
-    saved = ck[last] / "model.safetensors"
-    try:                                   # until the last step's draft is written and has not changed for 30 s
-        while not saved.is_file() or time.time() - saved.stat().st_mtime < 30:
+    try:            # until step `last`'s checkpoint exists: written whole (a temp folder renamed), after its loss's row
+        while not ck[last].parent.is_dir():
             if proc.poll() is not None: sys.exit(f"regen_steps: training stopped (rc {proc.returncode}) before step {last}")
-            time.sleep(10)
+            time.sleep(1)
     finally:
         proc.terminate()
         proc.wait()

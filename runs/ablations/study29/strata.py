@@ -24,13 +24,17 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def prompt_strata(records: list[dict], tokenizer) -> tuple[list[float], list[dict]]:
+    "The cut points (terciles of the prompt-only scores of `records`) and each prompt's index, id, score and stratum."
+    scores = [prompt_repetition(encode_prompt(tokenizer, r["messages"])[0].tolist()) for r in records]
+    cuts = tercile_cuts(scores)
+    return cuts, [{"index": r["index"], "id": r["id"], "score": s, "stratum": stratum(s, cuts)} for r, s in zip(records, scores)]
+
+
 def strata(build: Path, split: str = "test") -> dict:
     "Every prompt of `split` with its prompt-only score and stratum, and the cut points (terciles over them all)."
-    src, tok = dataset_path(build, split), load_tokenizer(embedded_target_path(build))
-    records = read_prompts(src)
-    scores = [prompt_repetition(encode_prompt(tok, r["messages"])[0].tolist()) for r in records]
-    cuts = tercile_cuts(scores)
-    prompts = [{"index": r["index"], "id": r["id"], "score": s, "stratum": stratum(s, cuts)} for r, s in zip(records, scores)]
+    src = dataset_path(build, split)
+    cuts, prompts = prompt_strata(read_prompts(src), load_tokenizer(embedded_target_path(build)))
     return {"score": "data.prompt_repetition(encode_prompt(tokenizer, messages)[0]), n=4", "split": split,
             "source": _shown(src),
             "source_sha256": sha256_file(src), "n_prompts": len(prompts), "cuts": cuts,

@@ -8,13 +8,13 @@
 seed with seed on the seeds both have (lookup, which has no seed, pairs with every seed) and quotes the wider of the
 paired bootstrap over prompts and seeds and a t interval over the per-seed ratios (notebook 41, study 28's rule).
 """
-import argparse, json
+import argparse, importlib.util, json
 from pathlib import Path
 
 import numpy as np
 
 from domino_research.evaluation import read_prompts, sample_prompts
-from domino_research.stats import bootstrap_indices, pooled_tau_ratio, seed_t_interval, wider_interval
+from domino_research.stats import quoted_tau_ratio, seed_mean_tau
 
 STUDY = Path(__file__).resolve().parent
 TAGS = ("greedy", "T1")                                  # the decodes of piece 4: greedy and sampled at T = 1
@@ -75,11 +75,7 @@ class Tables:
 
     def tau(self, row: str, sel=slice(None), n_boot: int = 10_000) -> dict:
         "τ (the mean over seeds of each seed's pooled τ) with a 95 % percentile bootstrap over prompts, and the seeds' τ."
-        c, v = self.counts(row, sel=sel)
-        idx = bootstrap_indices(len(c), n_boot, seed=0)
-        lo, hi = np.quantile((c[idx].sum(1) / v[idx].sum(1)).mean(1), [0.025, 0.975])
-        seeds = c.sum(0) / v.sum(0)
-        return dict(tau=float(seeds.mean()), lo=float(lo), hi=float(hi), seeds=seeds.tolist(), n=len(c))
+        return seed_mean_tau(*self.counts(row, sel=sel), n_boot=n_boot)
 
     def ratio(self, a: str, b: str, sel=slice(None), n_boot: int = 10_000) -> dict:
         "τ_a / τ_b on the prompts `sel`, seed paired with seed on the seeds both rows have (lookup: with every seed)."
@@ -87,11 +83,8 @@ class Tables:
         shared = sa if len(sb) == 1 and b.startswith("lookup") else sb if len(sa) == 1 and a.startswith("lookup") \
             else [k for k in sa if k in sb]
         pick = lambda row, s: [k if k in self.rows[row] else 0 for k in shared] if row.startswith("lookup") else shared
-        (ca, va), (cb, vb) = self.counts(a, pick(a, sa), sel), self.counts(b, pick(b, sb), sel)
-        per_seed = ((ca.sum(0) / va.sum(0)) / (cb.sum(0) / vb.sum(0))).tolist()
-        boot = pooled_tau_ratio(ca, va, cb, vb, n_boot=n_boot, seed=0)
-        return dict(wider_interval(boot, seed_t_interval(per_seed) if len(shared) > 1 else None), per_seed=per_seed,
-                    seeds=shared, n=len(ca))
+        return dict(quoted_tau_ratio(*self.counts(a, pick(a, sa), sel), *self.counts(b, pick(b, sb), sel), n_boot=n_boot),
+                    seeds=shared)
 
     def splits(self) -> dict:
         "{name: boolean mask over the prompts}: all, each prompt-only stratum, the looping and the non-looping answers."
@@ -100,15 +93,13 @@ class Tables:
 
 
 def tiny_strata(prompts_file: Path, tokenizer_dir: Path) -> dict:
-    "A dry run's strata, as strata.py computes them (its prompts are not the study's: their cut points mean nothing)."
-    from domino_research.data import prompt_repetition, stratum, tercile_cuts
-    from domino_research.evaluation import encode_prompt, read_prompts
+    "A dry run's strata, scored by strata.py (its prompts are not the study's: their cut points mean nothing)."
     from domino_research.target import load_tokenizer
-    tok, recs = load_tokenizer(tokenizer_dir), read_prompts(prompts_file)
-    scores = [prompt_repetition(encode_prompt(tok, r["messages"])[0].tolist()) for r in recs]
-    cuts = tercile_cuts(scores)
-    return {"cuts": cuts, "prompts": [{"index": r["index"], "id": r["id"], "stratum": stratum(s, cuts)}
-                                      for r, s in zip(recs, scores)]}
+    spec = importlib.util.spec_from_file_location("study29_strata", STUDY / "strata.py")
+    strata = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(strata)
+    cuts, prompts = strata.prompt_strata(read_prompts(prompts_file), load_tokenizer(tokenizer_dir))
+    return {"cuts": cuts, "prompts": prompts}
 
 
 def main(argv=None):
