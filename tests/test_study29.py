@@ -195,6 +195,23 @@ def test_later_pieces_on_tiny(tuned):
 
 
 @TUNED
+def test_table_only_runs_the_seeds_asked_for(tuned):
+    "`table --only`: a part of piece 3 (the rest is neither trained nor decoded); a seed the table does not have is refused."
+    s, setting, _, _ = tuned
+    s.settings(setting, log=lambda _: None)                # done by the test above: skipped
+    log = []
+    out = s.table(dataclasses.replace(setting, only={"domino": (1,)}), log=log.append)
+    assert list(out) == ["domino"] and list(out["domino"]["meta"]["seeds"]) == [1]
+    assert log and all("domino" in line for line in log if line.startswith("[")), log
+    with pytest.raises(SystemExit, match=r"--only domino seed 2: not in the table"):
+        s.table(dataclasses.replace(setting, only={"domino": (2,)}))
+    assert s._only("eagle3=1,2") == ("eagle3", (1, 2))
+    for bad in ("eagle3", "eagle3=", "eagle3=0", "lookup=1", "eagle3=a"):
+        with pytest.raises(Exception, match="write DRAFTER=SEEDS"):
+            s._only(bad)
+
+
+@TUNED
 def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
     """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows
     have, the splits cover every prompt; records test.json does not list alike, or decoded in another order, are refused."""

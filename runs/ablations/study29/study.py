@@ -7,6 +7,7 @@ plan: what each piece is for, what it costs, what it writes).
                                                                   # per drafter, EAGLE-3's chain length; the rivals
     python runs/ablations/study29/study.py table embedded         # piece 3: seeds 1-4 of Domino and the trained rival,
                                                                   # 1-2 of the third drafter (each decoded greedily, test)
+    ... table embedded --only eagle3=1,2 domino=2                 # a part of piece 3 that fits a session
     python runs/ablations/study29/study.py test embedded          # piece 4: every kept draft alone and in the hybrid,
                                                                   # greedy and T = 1, and lookup: all test prompts
     python runs/ablations/study29/study.py curve embedded         # piece 5: seed 0 at 720 and 1440 steps, validation
@@ -56,6 +57,7 @@ class Setting:
     grid_from: Optional[Path] = None                    # a target whose tuning narrows this one's (None: the full grid)
     table_seeds: dict = field(default_factory=lambda: {"headline": (1, 2, 3, 4), "third": (1, 2)})
     temperature: float = 1.0                            # the sampled decodes of `test`
+    only: Optional[dict] = None                         # `table`: {drafter: seeds} to run now (None: all of the table)
 
 
 def _docstring() -> Setting:
@@ -268,8 +270,13 @@ def table(s: Setting, log=print) -> dict:
     """Piece 3: the other seeds of each trained drafter at its chosen rate (5 in all for Domino and the trained rival,
     3 for the third), each decoded alone, greedily, on every test prompt: <root>/steps<steps>/."""
     st = read(s.root / "settings.json", "table", f"settings {_name(s)}")
-    out = {}
-    for v, (variant, seeds) in _table_variants(s, st).items():
+    runs, out = _table_variants(s, st), {}
+    if s.only is not None:                               # a part of the table, sized to a session (--only)
+        extra = [f"{v} seed {k}" for v, ks in s.only.items() for k in ks if v not in runs or k not in runs[v][1]]
+        if extra: raise SystemExit(f"study.py table: --only {', '.join(extra)}: not in the table "
+                                   f"({ {v: list(ks) for v, (_, ks) in runs.items()} })")
+        runs = {v: (variant, [k for k in seeds if k in s.only[v]]) for v, (variant, seeds) in runs.items() if v in s.only}
+    for v, (variant, seeds) in runs.items():
         out[v] = run_ablation([v], s.steps, list(seeds), s.root / f"steps{s.steps}" / v, table={v: variant},
                               prompts=s.test, n_eval_prompts="all", max_new_tokens=s.max_new_tokens, jobs=s.jobs,
                               configs=s.configs, base_overrides=s.base_overrides or None, log=log)
@@ -336,6 +343,16 @@ def curve(s: Setting, log=print) -> dict:
     return res
 
 
+def _only(arg: str) -> tuple[str, tuple[int, ...]]:
+    "--only's DRAFTER=SEEDS (seeds 1,2,...) as (drafter, seeds); a malformed one is argparse's one-line error."
+    v, _, seeds = arg.partition("=")
+    try: ks = tuple(int(k) for k in seeds.split(","))
+    except ValueError: ks = ()
+    if v not in TRAINED or not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"{arg!r}: write DRAFTER=SEEDS, a drafter of {TRAINED} and seeds >= 1 (e.g. eagle3=1,2)")
+    return v, ks
+
+
 PIECES = {"tune": tune, "settings": settings, "table": table, "test": test, "curve": curve}
 
 
@@ -345,13 +362,20 @@ def main(argv=None):
     p.add_argument("target", choices=list(TARGETS))
     p.add_argument("--tiny", action="store_true", help="a dry run on the tiny random setting (nothing of the study's)")
     p.add_argument("--out", type=Path, help="--tiny: where it writes (default: a new temporary folder)")
+    p.add_argument("--only", nargs="+", metavar="DRAFTER=SEEDS", type=_only,
+                   help="table: only these seeds now, to fit a session (e.g. eagle3=1,2 domino=2); the rest on a later call")
     a = p.parse_args(argv)
     if a.out and not a.tiny: p.error("--out is for --tiny only: the study's pieces write beside this file")
+    if a.only and a.piece != "table": p.error("--only is for the table piece only")
     if a.tiny:
         root = a.out or Path(tempfile.mkdtemp(prefix="study29_tiny_"))
         print(f"dry run on the tiny setting in {root}")
         s = tiny(root)
     else: s = TARGETS[a.target]()
+    if a.only:
+        only = {}
+        for v, ks in a.only: only[v] = tuple(sorted({*only.get(v, ()), *ks}))
+        s = dataclasses.replace(s, only=only)
     try: return PIECES[a.piece](s)
     except KeyboardInterrupt:                   # the runs' own lines say where each stopped; no traceback on top of them
         raise SystemExit(f"study.py {a.piece}: stopped by Ctrl-C; finished runs are kept and a run in flight resumes from "
