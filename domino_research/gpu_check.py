@@ -268,7 +268,7 @@ def _train_step(target, trainer, opt, batch) -> float:
     torch.nn.utils.clip_grad_norm_(trainer.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 STEP_PEAK_MARGIN = 0.10   # |CUDA peak / bench memory's prediction - 1|: allocator rounding, cuBLAS workspaces, kernel temporaries
 
 
