@@ -211,6 +211,40 @@ def test_table_only_runs_the_seeds_asked_for(tuned):
             s._only(bad)
 
 
+def test_final_rates_are_those_the_edge_rule_leaves_alone(tmp_path):
+    "A drafter's rate is final once every first rate is done and its best is inside them; an unfinished run counts as not done."
+    s = _study()
+    setting = s.Setting(tmp_path, "x")
+    def done(v, lr, tau):
+        run = tmp_path / "tune" / "runs" / f"{v}_lr{lr:g}" / "seed0"
+        run.mkdir(parents=True)
+        if tau is not None: (run / "result.json").write_text(json.dumps({"tau": tau}))
+    for lr, tau in zip(s.GRID, (2.0, 3.0, 3.0)): done("domino", lr, tau)          # inside (a tie: the lower rate, as `tune`)
+    for lr, tau in zip(s.GRID, (4.4, 4.5, 4.6)): done("eagle3", lr, tau)          # at the upper edge
+    for lr, tau in zip((3e-4, *s.GRID), (1.8, 2.3, 2.1, None)): done("dflash_shift_d3", lr, tau)   # 1e-2 still running
+    assert s.final_rates(setting) == {"domino": 3e-3}
+    done("eagle3", 3e-2, 4.55)
+    assert s.final_rates(setting) == {"domino": 3e-3, "eagle3": 1e-2}
+
+
+@TUNED
+def test_table_only_before_piece_2_runs_what_the_piece_will_skip(tuned, tmp_path):
+    """`table --only` before settings.json: Domino's seeds at its final rate, the very run the table makes after piece 2
+    (same fingerprint, same τ); EAGLE-3 waits for its chain length."""
+    s, setting, best, _ = tuned
+    s.settings(setting, log=lambda _: None)
+    s.table(dataclasses.replace(setting, only={"domino": (1,)}), log=lambda _: None)   # the run after piece 2 (skipped if done)
+    early = dataclasses.replace(setting, root=tmp_path / "early")
+    shutil.copytree(setting.root / "tune", early.root / "tune", ignore=shutil.ignore_patterns("*.safetensors", "*.png"))
+    assert "domino" in s.final_rates(early)                 # the tiny ladder ends at the grid: every rate is final
+    s.table(dataclasses.replace(early, only={"domino": (1,)}), log=lambda _: None)
+    rec = lambda root: json.loads((root / f"steps{setting.steps}/domino/runs/domino/seed1/result.json").read_text())
+    assert rec(early.root)["fingerprint"] == rec(setting.root)["fingerprint"]
+    assert rec(early.root)["tau"] == rec(setting.root)["tau"]
+    with pytest.raises(SystemExit, match=r"--only eagle3 before piece 2 .*chain length"):
+        s.table(dataclasses.replace(early, only={"eagle3": (1,)}))
+
+
 @TUNED
 def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
     """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows

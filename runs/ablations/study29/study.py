@@ -137,7 +137,19 @@ def finished_edges(s: Setting, tried: dict) -> list[tuple[str, float]]:
     done = {v: {lr: _tune_run(s, v, lr) / "result.json" for lr in rates} for v, rates in tried.items()}
     done = {v: {lr: json.loads(f.read_text())["tau"] for lr, f in fs.items()} for v, fs in done.items()
             if all(f.is_file() for f in fs.values())}
-    return extensions({v: max(t, key=t.get) for v, t in done.items()}, {v: tried[v] for v in done}, s.ladder)
+    return extensions({v: max(sorted(t), key=t.get) for v, t in done.items()}, {v: tried[v] for v in done}, s.ladder)
+
+
+def final_rates(s: Setting) -> dict:
+    """{drafter: rate} of the drafters whose tuning is already final, from the runs `tune` has finished: every rate it
+    tries first is done, and the best of the done rates lies inside them (the edge rule would add nothing)."""
+    out = {}
+    for v, first in first_rates(s).items():
+        done = {float(f.parent.parent.name.rpartition("_lr")[2]): json.loads(f.read_text())["tau"]
+                for f in (s.root / "tune" / "runs").glob(f"{v}_lr*/seed0/result.json")}
+        best = max(sorted(done), key=done.get, default=None)    # a tie goes to the lowest rate, as in `tune`'s choice
+        if set(first) <= set(done) and not extensions({v: best}, {v: list(done)}, s.ladder): out[v] = best
+    return out
 
 
 def tune(s: Setting, log=print) -> dict:
@@ -266,11 +278,26 @@ def _table_variants(s: Setting, st: dict) -> dict:
             for v in seeds}
 
 
+def _early_variants(s: Setting) -> dict:
+    """`_table_variants` of the drafters of `--only` before piece 2: each at its final rate (`final_rates`), with the
+    seeds it has in the table whichever drafter piece 2 makes the rival; EAGLE-3 waits (piece 2 sets its chain length)."""
+    rates, heads, third = final_rates(s), s.table_seeds["headline"], s.table_seeds.get("third", ())
+    for v in s.only:
+        if v == "eagle3" or v not in rates:
+            why = "its chain length is chosen there" if v == "eagle3" else "its rate is not final yet"
+            raise SystemExit(f"study.py table: --only {v} before piece 2 (settings.json): {why}; run `{COMMAND} "
+                             f"settings {_name(s)}` first (after `tune` completes)")
+    seeds = lambda v: heads if v == "domino" else tuple(k for k in heads if k in third)
+    return {v: (dataclasses.replace(with_learning_rate(VARIANTS[v], rates[v]), drafter=_drafter(v)), seeds(v)) for v in s.only}
+
+
 def table(s: Setting, log=print) -> dict:
     """Piece 3: the other seeds of each trained drafter at its chosen rate (5 in all for Domino and the trained rival,
-    3 for the third), each decoded alone, greedily, on every test prompt: <root>/steps<steps>/."""
-    st = read(s.root / "settings.json", "table", f"settings {_name(s)}")
-    runs, out = _table_variants(s, st), {}
+    3 for the third), each decoded alone, greedily, on every test prompt: <root>/steps<steps>/. With `only` and no
+    settings.json yet, the seeds of drafters whose rate is already final (the same runs, which the piece then skips)."""
+    f = s.root / "settings.json"
+    early = s.only is not None and not f.is_file()
+    runs, out = (_early_variants(s) if early else _table_variants(s, read(f, "table", f"settings {_name(s)}"))), {}
     if s.only is not None:                               # a part of the table, sized to a session (--only)
         extra = [f"{v} seed {k}" for v, ks in s.only.items() for k in ks if v not in runs or k not in runs[v][1]]
         if extra: raise SystemExit(f"study.py table: --only {', '.join(extra)}: not in the table "
