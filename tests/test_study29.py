@@ -206,9 +206,34 @@ def test_table_only_runs_the_seeds_asked_for(tuned):
     with pytest.raises(SystemExit, match=r"--only domino seed 2: not in the table"):
         s.table(dataclasses.replace(setting, only={"domino": (2,)}))
     assert s._only("eagle3=1,2") == ("eagle3", (1, 2))
-    for bad in ("eagle3", "eagle3=", "eagle3=0", "lookup=1", "eagle3=a"):
+    with pytest.raises(SystemExit, match=r"--only domino seed 0: not in the table"):
+        s.table(dataclasses.replace(setting, only={"domino": (0,)}))     # seed 0 is the tuning's run
+    for bad in ("eagle3", "eagle3=", "eagle3=-1", "lookup=1", "eagle3=a"):
         with pytest.raises(Exception, match="write DRAFTER=SEEDS"):
             s._only(bad)
+
+
+@TUNED
+def test_test_only_decodes_those_drafts_rows_which_the_whole_piece_then_skips(tuned, tmp_path):
+    """`test --only`: a part of piece 4 sized to a session: the rows of the drafts asked for (seed 0 is the tuning's) and no
+    others, no test.json; the whole piece then decodes only the rest, and a draft the study does not keep is refused."""
+    s, setting, _, _ = tuned
+    for piece in (s.settings, s.table): piece(setting, log=lambda _: None)       # done by the tests above: skipped
+    part = dataclasses.replace(setting, root=tmp_path / "part")
+    shutil.copytree(setting.root, part.root, ignore=shutil.ignore_patterns("test", "test.json", ".data_cache"))
+    out = s.test(dataclasses.replace(part, only={"eagle3": (0,), "domino": (1,)}), log=lambda _: None)
+    assert sorted(out) == sorted(["eagle3_greedy seed 0", "eagle3_T1 seed 0", "eagle3+lookup_greedy seed 0",
+                                  "eagle3+lookup_T1 seed 0", "domino_T1 seed 1", "domino+lookup_greedy seed 1",
+                                  "domino+lookup_T1 seed 1"])
+    written = sorted(f"{f.parent.parent.name} {f.parent.name}" for f in (part.root / "test").rglob("result.json"))
+    assert written == sorted(k.replace(" seed ", " seed") for k in out) and not (part.root / "test.json").exists()
+    log = []
+    whole = s.test(part, log=log.append)
+    skipped = sorted(line.split("]")[0][1:] for line in log if "(skipped)" in line)
+    assert skipped == sorted(out)                                         # what the part decoded is not decoded again
+    assert whole["tau"] == s.test(setting, log=lambda _: None)["tau"]     # as the whole piece at once (done above)
+    with pytest.raises(SystemExit, match=r"study.py test: --only domino seed 2: not a draft the study keeps"):
+        s.test(dataclasses.replace(part, only={"domino": (2,)}))
 
 
 def test_final_rates_are_those_the_edge_rule_leaves_alone(tmp_path):

@@ -10,6 +10,7 @@ plan: what each piece is for, what it costs, what it writes).
     ... table embedded --only eagle3=1,2 domino=2                 # a part of piece 3 that fits a session
     python runs/ablations/study29/study.py test embedded          # piece 4: every kept draft alone and in the hybrid,
                                                                   # greedy and T = 1, and lookup: all test prompts
+    ... test embedded --only eagle3=0 domino=1,2                  # a part of piece 4: these drafts' rows (no test.json)
     python runs/ablations/study29/study.py curve embedded         # piece 5: seed 0 at 720 and 1440 steps, validation
     python runs/ablations/study29/study.py tune docstring         # pieces 7-11: the same on the second target
     ... PIECE TARGET --tiny                                       # any piece on a tiny random setting (a dry run)
@@ -57,7 +58,7 @@ class Setting:
     grid_from: Optional[Path] = None                    # a target whose tuning narrows this one's (None: the full grid)
     table_seeds: dict = field(default_factory=lambda: {"headline": (1, 2, 3, 4), "third": (1, 2)})
     temperature: float = 1.0                            # the sampled decodes of `test`
-    only: Optional[dict] = None                         # `table`: {drafter: seeds} to run now (None: all of the table)
+    only: Optional[dict] = None                         # `table`, `test`: {drafter: seeds} to run now (None: all)
 
 
 def _docstring() -> Setting:
@@ -311,11 +312,17 @@ def table(s: Setting, log=print) -> dict:
 
 
 def _kept_runs(s: Setting, st: dict, piece: str) -> dict:
-    "{(variant, seed): run folder with a kept draft}: seed 0 is the tuning's run at the chosen rate, the rest the table's."
+    """{(variant, seed): run folder with a kept draft}: seed 0 is the tuning's run at the chosen rate, the rest the
+    table's; with `only`, those drafts alone (a draft the study does not keep is refused)."""
     runs = {}
     for v, (_, seeds) in _table_variants(s, st).items():
         runs[v, 0] = _tune_run(s, v, st["rates"][v])
         runs |= {(v, k): s.root / f"steps{s.steps}" / v / "runs" / v / f"seed{k}" for k in seeds}
+    if s.only is not None:
+        extra = [f"{v} seed {k}" for v, ks in s.only.items() for k in ks if (v, k) not in runs]
+        if extra: raise SystemExit(f"study.py {piece}: --only {', '.join(extra)}: not a draft the study keeps "
+                                   f"({', '.join(f'{v} seed {k}' for v, k in runs)})")
+        runs = {(v, k): d for (v, k), d in runs.items() if k in s.only.get(v, ())}
     missing = [f"{v} seed {k}" for (v, k), d in runs.items() if not (d / "result.json").is_file()]
     if missing: refuse(piece, s.root / f"steps{s.steps}" / f"({', '.join(missing)})", f"table {_name(s)}")
     return runs
@@ -323,7 +330,8 @@ def _kept_runs(s: Setting, st: dict, piece: str) -> dict:
 
 def test(s: Setting, log=print) -> dict:
     """Piece 4: every kept draft alone and in the hybrid, greedy and sampled at T = `temperature`, and lookup at its
-    setting, greedy and sampled, on every test prompt. Writes <root>/test/ and <root>/test.json (τ per row and seed)."""
+    setting, greedy and sampled, on every test prompt. Writes <root>/test/ and <root>/test.json (τ per row and seed).
+    With `only`: those drafts' rows alone, written to <root>/test/ (which the whole piece then skips), no test.json."""
     st = read(s.root / "settings.json", "test", f"settings {_name(s)}")
     runs, out = _kept_runs(s, st, "test"), s.root / "test"
     common = dict(out_dir=out, prompts=s.test, n_eval_prompts="all", max_new_tokens=s.max_new_tokens)
@@ -337,6 +345,9 @@ def test(s: Setting, log=print) -> dict:
             rows[f"{v}+lookup_{tag}", k] = dict(name=f"{v}+lookup_{tag}", seed=k, source=src, drafter=_hybrid(v, st),
                                                 temperature=t, **common)
     recs = decode_rows(rows, jobs=s.jobs, log=log)
+    if s.only is not None:
+        log(f"test: {len(recs)} rows of {sorted(runs)} done; `{COMMAND} test {_name(s)}` adds the rest and test.json")
+        return {f"{name} seed {k}": r["tau"] for (name, k), r in recs.items()}
     for (v, k), src in runs.items():
         if k > 0: recs[f"{v}_greedy", k] = json.loads((src / "result.json").read_text())
     lookup = {"lookup": Variant("embedded_domino", {}, "prompt lookup at the setting chosen on validation",
@@ -371,12 +382,12 @@ def curve(s: Setting, log=print) -> dict:
 
 
 def _only(arg: str) -> tuple[str, tuple[int, ...]]:
-    "--only's DRAFTER=SEEDS (seeds 1,2,...) as (drafter, seeds); a malformed one is argparse's one-line error."
+    "--only's DRAFTER=SEEDS (seeds 0,1,...) as (drafter, seeds); a malformed one is argparse's one-line error."
     v, _, seeds = arg.partition("=")
     try: ks = tuple(int(k) for k in seeds.split(","))
     except ValueError: ks = ()
-    if v not in TRAINED or not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"{arg!r}: write DRAFTER=SEEDS, a drafter of {TRAINED} and seeds >= 1 (e.g. eagle3=1,2)")
+    if v not in TRAINED or not ks or min(ks) < 0:
+        raise argparse.ArgumentTypeError(f"{arg!r}: write DRAFTER=SEEDS, a drafter of {TRAINED} and seeds >= 0 (e.g. eagle3=1,2)")
     return v, ks
 
 
@@ -390,10 +401,11 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="a dry run on the tiny random setting (nothing of the study's)")
     p.add_argument("--out", type=Path, help="--tiny: where it writes (default: a new temporary folder)")
     p.add_argument("--only", nargs="+", metavar="DRAFTER=SEEDS", type=_only,
-                   help="table: only these seeds now, to fit a session (e.g. eagle3=1,2 domino=2); the rest on a later call")
+                   help="table, test: only these seeds' runs now, to fit a session (e.g. eagle3=1,2 domino=2; seed 0, the "
+                        "tuning's, is a draft of test's); the rest on a later call")
     a = p.parse_args(argv)
     if a.out and not a.tiny: p.error("--out is for --tiny only: the study's pieces write beside this file")
-    if a.only and a.piece != "table": p.error("--only is for the table piece only")
+    if a.only and a.piece not in ("table", "test"): p.error("--only is for the table and test pieces only")
     if a.tiny:
         root = a.out or Path(tempfile.mkdtemp(prefix="study29_tiny_"))
         print(f"dry run on the tiny setting in {root}")
