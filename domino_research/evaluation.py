@@ -321,8 +321,10 @@ def evaluate_draft(draft=None, target=None, prompts=None, *, verbose: bool = Fal
     def generate(ids, rec, variant, timer=None):                 # a fresh drafter per prompt: its caches start empty
         g = _generator(cfg.sample_seed, rec) if sampled else None
         drafter = build_drafter(variant, model, draft=draft, timer=timer, temperature=cfg.temperature, generator=g)
-        return drafter_generate(model, drafter, ids, cfg.max_new_tokens, stops, timer=timer, temperature=cfg.temperature,
-                                generator=g)
+        toks, st = drafter_generate(model, drafter, ids, cfg.max_new_tokens, stops, timer=timer,
+                                    temperature=cfg.temperature, generator=g)
+        # a drafter of several parts (the hybrid) counts the verify steps each proposed for: what its draft step costs
+        return toks, st | ({"chosen": dict(drafter.chosen)} if hasattr(drafter, "chosen") else {})
     for ids, rec in list(zip(enc, sample))[: cfg.warmup]:       # untimed: lazy initialisation of both paths
         reference(ids, rec)
         generate(ids, rec, spec)
@@ -346,6 +348,7 @@ def evaluate_draft(draft=None, target=None, prompts=None, *, verbose: bool = Fal
             row[f"tau_{name}"], row[f"lossless_{name}"] = st["tau"], None if sampled else toks == ref
             row[f"committed_{name}"], row[f"verify_steps_{name}"] = st["committed"], st["verify_steps"]
             row[f"accepted_at_{name}"] = st["accepted_at"]            # per slot: verify steps that accepted proposal i + 1
+            if "chosen" in st: row[f"chosen_{name}"] = st["chosen"]
             lossless &= toks == ref
         per_prompt.append(row)
         phase.update(tau=f"{_sum_stats(stats['spec'])['tau']:.2f}")

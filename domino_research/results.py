@@ -43,10 +43,11 @@ PROMPT_KEYS = (
     "verify_steps_base",
     "accepted_at_base",
 )
+OPTIONAL_PROMPT_KEYS = ("chosen_spec",)   # verify steps each part of a drafter proposed for, where it counts them (hybrid)
 
 def _prompt_record(row: dict) -> dict:
     "What the comparisons need of one decoded prompt; a draft without a head is its own base."
-    r = {k: row.get(k) for k in PROMPT_KEYS}
+    r = {k: row.get(k) for k in PROMPT_KEYS} | {k: row[k] for k in OPTIONAL_PROMPT_KEYS if k in row}
     if r["committed_base"] is None:
         r["committed_base"], r["verify_steps_base"], r["accepted_at_base"] = (
             r["committed_spec"],
