@@ -305,6 +305,35 @@ def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
 
 
 @TUNED
+def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
+    """The hybrid's projected step: lookup's search every step, the draft's step and verify width where the draft proposed
+    (every step if the rule reads the draft), lookup's width elsewhere; so a hybrid whose draft proposed every step costs
+    the draft's step plus lookup's search, and one whose draft never proposed costs what lookup alone does."""
+    s, setting, _, _ = tuned
+    for piece in (s.settings, s.table, s.test): piece(setting, log=lambda _: None)   # done by the tests above: skipped
+    T, root = load_script(TABLES, "study29_tables"), setting.root
+    prompts = root / "setting" / "val.jsonl"
+    t = T.Tables(root, T.tiny_strata(prompts, root / "setting" / "target"), prompts)
+    st = json.loads((root / "settings.json").read_text())
+    lat = T.latency()                                       # the real timings at Qwen3-8B's shapes
+    row = "domino+lookup_greedy"
+    steps = lambda: [(p["chosen_spec"]["draft"], p["verify_steps_spec"]) for r in t.rows[row].values() for p in r["per_prompt"]]
+    assert all(d <= v for d, v in steps()) and sum(d for d, _ in steps()) / sum(v for _, v in steps()) == t.draft_share(row)
+    for p in (p for r in t.rows[row].values() for p in r["per_prompt"]):       # the draft proposed at every step
+        p["chosen_spec"] = {"draft": p["verify_steps_spec"], "lookup": 0}
+    st["hybrid_rule"]["domino"] = "match>=2"
+    d, look = lat["domino"], lat["lookup"]
+    assert t.per_tau(row, lat, st) == pytest.approx(d["t_plain"] / (look["t_draft"] + d["t_draft"] + d["t_verify"]))
+    for p in (p for r in t.rows[row].values() for p in r["per_prompt"]):       # ... at none: lookup's cost alone
+        p["chosen_spec"] = {"draft": 0, "lookup": p["verify_steps_spec"]}
+    assert t.per_tau(row, lat, st) == pytest.approx(look["per_tau"])
+    st["hybrid_rule"]["domino"] = "agree"                   # a rule that reads the draft runs it at every step
+    assert t.per_tau(row, lat, st) == pytest.approx(d["t_plain"] / (look["t_draft"] + d["t_draft"] + look["t_verify"]))
+    with pytest.raises(AssertionError, match="no drafter verified at width 4"):
+        T.latency_verify(lat, 4)
+
+
+@TUNED
 def test_regen_steps_writes_the_kept_drafts_only_from_the_same_losses(tuned, tmp_path):
     """regen_steps.py trains a finished run again and writes its kept step drafts byte for byte; with one setting changed
     (the learning rate) it refuses and writes nothing; and it never overwrites a kept draft."""

@@ -3,6 +3,9 @@
     python runs/ablations/study29/tables.py                          # the shipped target's pieces (embedded/)
     python runs/ablations/study29/tables.py --root DIR --tiny        # a dry run (study.py PIECE embedded --tiny --out DIR)
 
+It prints the tuning (decoded validation τ by learning rate), every row of piece 4 with its interval, the rows on each
+split of the prompts, and each drafter's projected speed-up at Qwen3-8B's shapes (latency/latency.json).
+
 τ of a row (a drafter, alone or in the hybrid, greedy or sampled) is the mean over its seeds of each seed's pooled τ
 (Σ committed / Σ verify steps over the prompts), with a 95 % bootstrap interval over prompts. A ratio of two rows pairs
 seed with seed on the seeds both have (lookup, which has no seed, pairs with every seed) and quotes the wider of the
@@ -13,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from domino_research.decode import _RULES_READING_THE_DRAFT
 from domino_research.evaluation import read_prompts, sample_prompts
 from domino_research.stats import quoted_tau_ratio, seed_mean_tau
 
 STUDY = Path(__file__).resolve().parent
 TAGS = ("greedy", "T1")                                  # the decodes of piece 4: greedy and sampled at T = 1
+LATENCY = {"domino": "domino", "dflash_shift_d3": "dflash", "eagle3": "eagle3", "lookup": "lookup"}   # latency.json's names
 
 
 def _read(path: Path) -> dict: return json.loads(Path(path).read_text())
@@ -75,6 +80,7 @@ class Tables:
 
     def tau(self, row: str, sel=slice(None), n_boot: int = 10_000) -> dict:
         "τ (the mean over seeds of each seed's pooled τ) with a 95 % percentile bootstrap over prompts, and the seeds' τ."
+        if not np.ones(len(self.ids), bool)[sel].any(): raise ValueError(f"{row}: no prompt in this selection")
         return seed_mean_tau(*self.counts(row, sel=sel), n_boot=n_boot)
 
     def ratio(self, a: str, b: str, sel=slice(None), n_boot: int = 10_000) -> dict:
@@ -90,6 +96,48 @@ class Tables:
         "{name: boolean mask over the prompts}: all, each prompt-only stratum, the looping and the non-looping answers."
         return {"all": np.ones(len(self.ids), bool), **{f"stratum{t}": self.stratum == t for t in range(3)},
                 "looping": self.loops, "non-looping": ~self.loops}
+
+    def draft_share(self, row: str) -> float:
+        "The share of a hybrid row's verify steps (every seed and prompt) whose proposals came from its trained draft."
+        chosen = [p["chosen_spec"] for r in self.rows[row].values() for p in r["per_prompt"]]
+        return sum(c["draft"] for c in chosen) / sum(c["draft"] + c["lookup"] for c in chosen)
+
+    def per_tau(self, row: str, latency: dict, settings: dict) -> float:
+        """Plain decoding's time per token over one verify step's (draft + verify) at Qwen3-8B's shapes, `latency.json`'s
+        projection: speed-up = τ · per_tau. A hybrid searches with lookup at every step, runs its draft where it sends the
+        draft's proposals (at every step if its rule reads the draft), and verifies the width of what it sent."""
+        v = row.rpartition("_")[0]
+        if v == "eagle3" or v.startswith("eagle3+"):
+            bs = settings["eagle3_block_size"]
+            assert latency["eagle3"]["t_verify"] == latency_verify(latency, bs), f"latency.json: EAGLE-3 not timed at {bs}"
+        if "+lookup" not in v: return latency[LATENCY[v]]["per_tau"]
+        d, look, share = latency[LATENCY[v.split("+")[0]]], latency["lookup"], self.draft_share(row)
+        runs = 1.0 if settings["hybrid_rule"][v.split("+")[0]] in _RULES_READING_THE_DRAFT else share
+        step = look["t_draft"] + runs * d["t_draft"] + share * d["t_verify"] + (1 - share) * look["t_verify"]
+        return look["t_plain"] / step
+
+
+def latency(path: Path = STUDY / "latency" / "latency.json") -> dict:
+    "latency.json's projection of each drafter (t_draft, t_verify, t_plain, per_tau), with the verify width it timed."
+    lat = _read(path)
+    return {d: {**p, "block_size": lat["draft"][d]["block_size"]} for d, p in lat["projection"].items()}
+
+
+def latency_verify(latency: dict, block: int) -> float:
+    "The projected verify time of a block of `block` tokens, as latency.json's drafters of that width have it."
+    ts = {p["t_verify"] for p in latency.values() if p.get("block_size") == block}
+    assert len(ts) == 1, f"latency.json has no drafter verified at width {block}: time it (latency.py --blocks {block})"
+    return ts.pop()
+
+
+def tuning_table(root: Path) -> str:
+    "Markdown: decoded validation τ of each trained drafter at each learning rate it was tried at; bold, the one kept."
+    tune = _read(Path(root) / "tune" / "best_lr.json")
+    rates = sorted({lr for rs in tune["tried"].values() for lr in rs})
+    cell = lambda v, lr: "–" if lr not in tune["tried"][v] else (
+        "**{:.3f}**" if lr == tune["best"][v] else "{:.3f}").format(tune["tau"][f"{v}_lr{lr:g}"])
+    return "\n".join(["| drafter | " + " | ".join(f"{lr:g}" for lr in rates) + " |", "|---" * (len(rates) + 1) + "|",
+                      *(f"| `{v}` | " + " | ".join(cell(v, lr) for lr in rates) + " |" for v in tune["tried"])])
 
 
 def tiny_strata(prompts_file: Path, tokenizer_dir: Path) -> dict:
@@ -112,11 +160,21 @@ def main(argv=None):
         prompts = a.root / "setting" / "val.jsonl"
         strata = tiny_strata(prompts, a.root / "setting" / "target")
     else: strata, prompts = _read(a.strata), STUDY.parents[2] / _read(a.strata)["source"]
-    t = Tables(a.root, strata, prompts)
+    t, st = Tables(a.root, strata, prompts), _read(a.root / "settings.json")
+    print(tuning_table(a.root), end="\n\n")
+    splits = {name: sel for name, sel in t.splits().items() if sel.any()}      # a dry run's few prompts leave some empty
+    print("| row | seeds | " + " | ".join(f"{n} ({int(sel.sum())})" for n, sel in splits.items()) + " |")
+    print("|---" * (len(splits) + 2) + "|")
     for row in sorted(t.rows, key=lambda r: -t.tau(r, n_boot=200)["tau"]):
-        x = t.tau(row, n_boot=1000)
-        print(f"{row:32s} τ {x['tau']:.3f} [{x['lo']:.3f}, {x['hi']:.3f}] seeds {sorted(t.rows[row])}")
-    for name, sel in t.splits().items(): print(f"{name}: {int(sel.sum())} prompts")
+        x = {n: t.tau(row, sel, n_boot=1000) for n, sel in splits.items()}
+        print(f"| `{row}` | {len(t.rows[row])} | " + " | ".join(
+            "{tau:.2f} [{lo:.2f}, {hi:.2f}]".format(**x[n]) for n in splits) + " |")
+    lat = latency()
+    print("\nprojected at Qwen3-8B's shapes (greedy τ of all prompts × per_tau):")
+    for row in sorted(r for r in t.rows if r.endswith("_greedy")):
+        per = t.per_tau(row, lat, st)
+        print(f"  {row:32s} per_tau {per:.3f}  speed-up {t.tau(row, n_boot=200)['tau'] * per:.2f}×"
+              + (f"  (draft at {t.draft_share(row):.0%} of steps)" if "+lookup" in row else ""))
 
 
 if __name__ == "__main__":
