@@ -6,6 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from domino_research.ablations import plan_ablation
@@ -307,30 +308,39 @@ def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
 @TUNED
 def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
     """The hybrid's projected step: lookup's search every step, the draft's step and verify width where the draft proposed
-    (every step if the rule reads the draft), lookup's width elsewhere; so a hybrid whose draft proposed every step costs
-    the draft's step plus lookup's search, and one whose draft never proposed costs what lookup alone does."""
+    (every step if the rule reads the draft), lookup's width elsewhere; EAGLE-3 alone at its chosen chain, in the hybrid at
+    its draft's; a record without the step counts, or a width latency.json did not time, is refused in one line."""
     s, setting, _, _ = tuned
     for piece in (s.settings, s.table, s.test): piece(setting, log=lambda _: None)   # done by the tests above: skipped
     T, root = load_script(TABLES, "study29_tables"), setting.root
     prompts = root / "setting" / "val.jsonl"
     t = T.Tables(root, T.tiny_strata(prompts, root / "setting" / "target"), prompts)
     st = json.loads((root / "settings.json").read_text())
-    lat = T.latency()                                       # the real timings at Qwen3-8B's shapes
+    timing = lambda draft, verify, bs: dict(t_draft=draft, t_verify=verify, t_plain=2.0, per_tau=2.0 / (draft + verify),
+                                            block_size=bs)
+    e3 = t.draft_block("eagle3", st)                       # every verify time differs: a width taken from the wrong side fails
+    lat = dict(domino=timing(1.0, 5.0, 16), lookup=timing(0.1, 4.0, 16), eagle3=timing(1.5, 3.0, e3))
+    prompts_of = lambda row: [p for r in t.rows[row].values() for p in r["per_prompt"]]
     row = "domino+lookup_greedy"
-    steps = lambda: [(p["chosen_spec"]["draft"], p["verify_steps_spec"]) for r in t.rows[row].values() for p in r["per_prompt"]]
-    assert all(d <= v for d, v in steps()) and sum(d for d, _ in steps()) / sum(v for _, v in steps()) == t.draft_share(row)
-    for p in (p for r in t.rows[row].values() for p in r["per_prompt"]):       # the draft proposed at every step
-        p["chosen_spec"] = {"draft": p["verify_steps_spec"], "lookup": 0}
-    st["hybrid_rule"]["domino"] = "match>=2"
-    d, look = lat["domino"], lat["lookup"]
-    assert t.per_tau(row, lat, st) == pytest.approx(d["t_plain"] / (look["t_draft"] + d["t_draft"] + d["t_verify"]))
-    for p in (p for r in t.rows[row].values() for p in r["per_prompt"]):       # ... at none: lookup's cost alone
-        p["chosen_spec"] = {"draft": 0, "lookup": p["verify_steps_spec"]}
-    assert t.per_tau(row, lat, st) == pytest.approx(look["per_tau"])
-    st["hybrid_rule"]["domino"] = "agree"                   # a rule that reads the draft runs it at every step
-    assert t.per_tau(row, lat, st) == pytest.approx(d["t_plain"] / (look["t_draft"] + d["t_draft"] + look["t_verify"]))
-    with pytest.raises(AssertionError, match="no drafter verified at width 4"):
-        T.latency_verify(lat, 4)
+    steps = [(p["chosen_spec"]["draft"], p["verify_steps_spec"]) for p in prompts_of(row)]
+    assert all(d <= v for d, v in steps) and sum(d for d, _ in steps) / sum(v for _, v in steps) == t.draft_share(row)
+    st["hybrid_rule"] |= {"domino": "match>=2", "eagle3": "match>=2"}
+    for rule, share, want in (("match>=2", 1, 2 / (0.1 + 1 + 5)), ("match>=2", 0, 2 / (0.1 + 4)),
+                              ("agree", 0, 2 / (0.1 + 1 + 4)), ("match>=2", 0.5, 2 / (0.1 + 0.5 + 2.5 + 2))):
+        st["hybrid_rule"]["domino"] = rule                 # `agree` reads the draft: it runs at every step
+        for p in prompts_of(row):
+            p["chosen_spec"] = {"draft": share * p["verify_steps_spec"], "lookup": (1 - share) * p["verify_steps_spec"]}
+        assert t.per_tau(row, lat, st) == pytest.approx(want), (rule, share)
+    for p in prompts_of("eagle3+lookup_greedy"): p["chosen_spec"] = {"draft": p["verify_steps_spec"], "lookup": 0}
+    assert t.per_tau("eagle3+lookup_greedy", lat, st) == pytest.approx(2 / (0.1 + 1.5 + 3))
+    seeds = sorted(t.rows["domino_greedy"].items())
+    assert t.speedup("domino_greedy", lat, st) == pytest.approx(np.mean([r["tau"] for _, r in seeds]) * 2 / 6)
+    st["eagle3_block_size"] = e3 + 1
+    with pytest.raises(ValueError, match=f"eagle3_greedy: verifies blocks of {e3 + 1}, but latency.json timed EAGLE-3 at {e3}"):
+        t.per_tau("eagle3_greedy", lat, st)
+    del prompts_of(row)[0]["chosen_spec"]
+    with pytest.raises(ValueError, match=r"domino\+lookup_greedy seed 0: .* --only domino=0"):
+        t.draft_share(row)
 
 
 @TUNED

@@ -302,7 +302,7 @@ def table(s: Setting, log=print) -> dict:
     if s.only is not None:                               # a part of the table, sized to a session (--only)
         extra = [f"{v} seed {k}" for v, ks in s.only.items() for k in ks if v not in runs or k not in runs[v][1]]
         if extra: raise SystemExit(f"study.py table: --only {', '.join(extra)}: not in the table "
-                                   f"({ {v: list(ks) for v, (_, ks) in runs.items()} })")
+                                   f"({ {v: list(ks) for v, (_, ks) in runs.items()} }; seed 0 is the tuning's run)")
         runs = {v: (variant, [k for k in seeds if k in s.only[v]]) for v, (variant, seeds) in runs.items() if v in s.only}
     for v, (variant, seeds) in runs.items():
         out[v] = run_ablation([v], s.steps, list(seeds), s.root / f"steps{s.steps}" / v, table={v: variant},
@@ -323,8 +323,12 @@ def _kept_runs(s: Setting, st: dict, piece: str) -> dict:
         if extra: raise SystemExit(f"study.py {piece}: --only {', '.join(extra)}: not a draft the study keeps "
                                    f"({', '.join(f'{v} seed {k}' for v, k in runs)})")
         runs = {(v, k): d for (v, k), d in runs.items() if k in s.only.get(v, ())}
-    missing = [f"{v} seed {k}" for (v, k), d in runs.items() if not (d / "result.json").is_file()]
-    if missing: refuse(piece, s.root / f"steps{s.steps}" / f"({', '.join(missing)})", f"table {_name(s)}")
+    missing = [(v, k) for (v, k), d in runs.items() if not (d / "result.json").is_file()]
+    if any(k == 0 for _, k in missing): refuse(piece, s.root / "tune", f"tune {_name(s)}")
+    if missing:
+        ask = f" --only {' '.join(f'{v}={k}' for v, k in missing)}" if s.only is not None else ""
+        refuse(piece, s.root / f"steps{s.steps}" / f"({', '.join(f'{v} seed {k}' for v, k in missing)})",
+               f"table {_name(s)}{ask}")
     return runs
 
 

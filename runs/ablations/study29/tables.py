@@ -50,7 +50,7 @@ def test_records(root: Path) -> dict:
 class Tables:
     "Per-prompt counts of every row of piece 4 on the same prompts, in the prompts' file order."
     def __init__(self, root: Path, strata: dict, prompts):
-        self.rows = test_records(root)
+        self.root, self.rows = Path(root), test_records(root)
         first = next(iter(self.rows["lookup_greedy"].values()))
         self.ids = [p["prompt_id"] for p in first["per_prompt"]]
         for row, seeds in self.rows.items():
@@ -97,37 +97,50 @@ class Tables:
         return {"all": np.ones(len(self.ids), bool), **{f"stratum{t}": self.stratum == t for t in range(3)},
                 "looping": self.loops, "non-looping": ~self.loops}
 
-    def draft_share(self, row: str) -> float:
-        "The share of a hybrid row's verify steps (every seed and prompt) whose proposals came from its trained draft."
-        chosen = [p["chosen_spec"] for r in self.rows[row].values() for p in r["per_prompt"]]
+    def draft_share(self, row: str, seed=None) -> float:
+        "The share of a hybrid row's verify steps (a seed's, or every seed's) whose proposals came from its trained draft."
+        chosen = []
+        for k in (sorted(self.rows[row]) if seed is None else [seed]):
+            if "chosen_spec" not in self.rows[row][k]["per_prompt"][0]:
+                raise ValueError(f"{row} seed {k}: its record does not count the steps each part proposed for (decoded "
+                                 f"before `chosen_spec` existed): move its folder aside and decode it again "
+                                 f"(`study.py test <target> --only {row.split('+')[0]}={k}`)")
+            chosen += [p["chosen_spec"] for p in self.rows[row][k]["per_prompt"]]
         return sum(c["draft"] for c in chosen) / sum(c["draft"] + c["lookup"] for c in chosen)
 
-    def per_tau(self, row: str, latency: dict, settings: dict) -> float:
-        """Plain decoding's time per token over one verify step's (draft + verify) at Qwen3-8B's shapes, `latency.json`'s
+    def per_tau(self, row: str, latency: dict, settings: dict, seed=None) -> float:
+        """Plain decoding's time per token over one verify step's (draft + verify) at Qwen3-8B's shapes, `latency()`'s
         projection: speed-up = τ · per_tau. A hybrid searches with lookup at every step, runs its draft where it sends the
-        draft's proposals (at every step if its rule reads the draft), and verifies the width of what it sent."""
+        draft's proposals (at every step if its rule reads the draft), and verifies the width of what it sent. Each trained
+        drafter is timed at its method's Qwen3-8B recipe (`dflash_shift_d3`: DFlash's)."""
         v = row.rpartition("_")[0]
-        if v == "eagle3" or v.startswith("eagle3+"):
-            bs = settings["eagle3_block_size"]
-            assert latency["eagle3"]["t_verify"] == latency_verify(latency, bs), f"latency.json: EAGLE-3 not timed at {bs}"
-        if "+lookup" not in v: return latency[LATENCY[v]]["per_tau"]
-        d, look, share = latency[LATENCY[v.split("+")[0]]], latency["lookup"], self.draft_share(row)
-        runs = 1.0 if settings["hybrid_rule"][v.split("+")[0]] in _RULES_READING_THE_DRAFT else share
+        base = v.split("+")[0]
+        d = latency[LATENCY[base]]
+        if base == "eagle3":        # alone: the chain chosen on validation; in the hybrid: its draft's own (notebook 30)
+            width = settings["eagle3_block_size"] if v == base else self.draft_block(base, settings)
+            if d["block_size"] != width:
+                raise ValueError(f"{row}: verifies blocks of {width}, but latency.json timed EAGLE-3 at {d['block_size']}: "
+                                 f"time that width (latency/latency.py) before projecting it")
+        if v == base: return d["per_tau"]
+        look, share = latency["lookup"], self.draft_share(row, seed)
+        runs = 1.0 if settings["hybrid_rule"][base] in _RULES_READING_THE_DRAFT else share
         step = look["t_draft"] + runs * d["t_draft"] + share * d["t_verify"] + (1 - share) * look["t_verify"]
         return look["t_plain"] / step
+
+    def speedup(self, row: str, latency: dict, settings: dict) -> float:
+        "Projected speed-up over plain decoding: the mean over seeds of each seed's τ × per_tau (its own draft share)."
+        return float(np.mean([r["tau"] * self.per_tau(row, latency, settings, k) for k, r in sorted(self.rows[row].items())]))
+
+    def draft_block(self, v: str, settings: dict) -> int:
+        "The block a trained drafter's draft was built with (its kept draft's config.json; the same for every seed)."
+        run = self.root / "tune" / "runs" / f"{v}_lr{settings['rates'][v]:g}" / "seed0"
+        return _read(run / "draft" / "config.json")["block_size"]
 
 
 def latency(path: Path = STUDY / "latency" / "latency.json") -> dict:
     "latency.json's projection of each drafter (t_draft, t_verify, t_plain, per_tau), with the verify width it timed."
     lat = _read(path)
     return {d: {**p, "block_size": lat["draft"][d]["block_size"]} for d, p in lat["projection"].items()}
-
-
-def latency_verify(latency: dict, block: int) -> float:
-    "The projected verify time of a block of `block` tokens, as latency.json's drafters of that width have it."
-    ts = {p["t_verify"] for p in latency.values() if p.get("block_size") == block}
-    assert len(ts) == 1, f"latency.json has no drafter verified at width {block}: time it (latency.py --blocks {block})"
-    return ts.pop()
 
 
 def tuning_table(root: Path) -> str:
@@ -169,11 +182,11 @@ def main(argv=None):
         x = {n: t.tau(row, sel, n_boot=1000) for n, sel in splits.items()}
         print(f"| `{row}` | {len(t.rows[row])} | " + " | ".join(
             "{tau:.2f} [{lo:.2f}, {hi:.2f}]".format(**x[n]) for n in splits) + " |")
+    if a.tiny: return                                    # its drafts are not Qwen3-8B's shapes: nothing to project
     lat = latency()
-    print("\nprojected at Qwen3-8B's shapes (greedy τ of all prompts × per_tau):")
+    print("\nprojected at Qwen3-8B's shapes (mean over seeds of τ × per_tau, greedy, all prompts):")
     for row in sorted(r for r in t.rows if r.endswith("_greedy")):
-        per = t.per_tau(row, lat, st)
-        print(f"  {row:32s} per_tau {per:.3f}  speed-up {t.tau(row, n_boot=200)['tau'] * per:.2f}×"
+        print(f"  {row:32s} per_tau {t.per_tau(row, lat, st):.3f}  speed-up {t.speedup(row, lat, st):.2f}×"
               + (f"  (draft at {t.draft_share(row):.0%} of steps)" if "+lookup" in row else ""))
 
 
