@@ -688,10 +688,12 @@ class HybridDrafter:
 
     def describe(self) -> dict:
         """{'drafter': 'hybrid', **its settings}: the rule, the trained draft inside it as the draft names itself (its
-        projector_type and shift_label, its use_head / candidate_k), lookup's settings."""
+        projector_type and shift_label, its use_head / candidate_k; an EAGLE-3 draft's chain as eagle3_block_size), lookup's
+        settings."""
         d = self.draft.describe()
+        chain = {"eagle3_block_size": d["block_size"]} if d["projector_type"] == "eagle3" else {}
         return dict(drafter="hybrid", rule=self.rule, projector_type=d["projector_type"], shift_label=d["shift_label"],
-                    use_head=d["use_head"], candidate_k=d["candidate_k"], **self.lookup.settings)
+                    use_head=d["use_head"], candidate_k=d["candidate_k"], **chain, **self.lookup.settings)
 
 # %% ../nbs/30_decode.ipynb #e1f0b0a2
 from domino_research.eagle3 import Eagle3DraftModel
@@ -702,6 +704,8 @@ class HybridSettings(LookupSettings):
     rule: Literal[tuple(HYBRID_RULES)] = HYBRID_DEFAULT_RULE  # when lookup's proposals are sent (HYBRID_RULES)
     use_head: bool = True  # Domino drafts: the head corrects the draft's proposals (false: the backbone alone)
     candidate_k: int = ranged(0, ">= 0", "0 = the whole vocabulary")  # Domino head: re-rank the base's top-K ids only
+    eagle3_block_size: int | None = ranged(None, f"[2, {MAX_VERIFY_WIDTH}]",
+                                           "or null for the draft config's")  # EAGLE-3 drafts: the chain length + 1
 
 HybridDrafter.Settings, HybridDrafter.uses_draft = HybridSettings, True   # (block_size, layer_ids: the class's own)
 _HYBRID_DRAFT_KEYS = ("use_head", "candidate_k")
@@ -711,10 +715,13 @@ def build(cls: HybridDrafter, target, settings: dict, draft=None, timer: StepTim
           temperature: float = 0.0, generator: torch.Generator | None = None) -> HybridDrafter:
     s = asdict(drafter_settings(cls, settings))
     if draft is None: raise ValueError(f"drafter {cls.name!r} decodes with a trained DFlash/Domino draft: pass its folder")
-    rule, drafted = s.pop("rule"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
+    rule, chain, drafted = s.pop("rule"), s.pop("eagle3_block_size"), {k: s.pop(k) for k in _HYBRID_DRAFT_KEYS}
     kw = dict(timer=timer, temperature=temperature, generator=generator)
-    proposer = (_eagle3_for_hybrid(target, drafted, draft, **kw) if isinstance(draft, Eagle3DraftModel)   # (below)
-                else DraftProposer.build(target, drafted, draft=draft, **kw))
+    if isinstance(draft, Eagle3DraftModel): proposer = _eagle3_for_hybrid(target, drafted, draft, chain, **kw)   # (below)
+    elif chain is not None:
+        raise ConfigError(f"drafter {cls.name!r}: eagle3_block_size {chain} sets an EAGLE-3 draft's chain; a DFlash/Domino "
+                          "draft verifies the block it was trained with: drop it")
+    else: proposer = DraftProposer.build(target, drafted, draft=draft, **kw)
     return cls(proposer, LookupDrafter.build(target, s, timer=timer, temperature=temperature), rule)
 
 register_drafter("hybrid")(HybridDrafter)
@@ -1008,13 +1015,16 @@ class Eagle3ForHybrid(Eagle3Proposer):
         return dict(drafter="eagle3", projector_type="eagle3", shift_label=None, block_size=self.bs, use_head=None,
                     candidate_k=None)
 
-def _eagle3_for_hybrid(target, drafted: dict, draft: Eagle3DraftModel, timer: StepTimer | None = None,
-                       temperature: float = 0.0, generator: torch.Generator | None = None) -> Eagle3ForHybrid:
-    "The trained drafter of a hybrid over an EAGLE-3 draft (`HybridDrafter.build`): its chain length the draft config's."
+def _eagle3_for_hybrid(target, drafted: dict, draft: Eagle3DraftModel, block_size: int | None = None,
+                       timer: StepTimer | None = None, temperature: float = 0.0,
+                       generator: torch.Generator | None = None) -> Eagle3ForHybrid:
+    """The trained drafter of a hybrid over an EAGLE-3 draft (`HybridDrafter.build`): a chain of `block_size - 1`
+    proposals (None: the draft config's block)."""
     if drafted != {"use_head": True, "candidate_k": 0}:
         raise ConfigError(f"drafter 'hybrid': {drafted} set the Domino head, which an EAGLE-3 draft does not have; drop them")
     check_eagle3_fits(draft, target)
-    return Eagle3ForHybrid(draft, target, draft.config.block_size, timer=timer, temperature=temperature, generator=generator)
+    return Eagle3ForHybrid(draft, target, block_size or draft.config.block_size, timer=timer, temperature=temperature,
+                           generator=generator)
 
 # %% ../nbs/30_decode.ipynb #e5e90002
 ENGINE_PATHS = ("dflash", "sglang_domino", "vllm_domino")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from domino_research.ablations import plan_ablation
+from domino_research.decode import HYBRID_RULES
 from domino_research.evaluation import read_prompts
 from domino_research.embedded import resolve_data_path
 from domino_research.rates import lr_sweep
@@ -166,6 +167,13 @@ def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
             s.PIECES[piece](setting)
 
 
+def _hybrid_eagle3_chains(folder: Path) -> dict:
+    "{row: (the chain its drafter spec asked for, the chain the decode's hybrid says it ran)} of EAGLE-3's hybrid rows."
+    recs = {f: json.loads(f.read_text()) for f in folder.glob("runs/eagle3+lookup_*/seed*/result.json")}
+    return {f.parent.parent.name: (r["drafter"].get("eagle3_block_size"), r["evaluation"]["drafter"]["eagle3_block_size"])
+            for f, r in recs.items()}
+
+
 @TUNED
 def test_later_pieces_on_tiny(tuned):
     "Pieces 2-5 after the tuning, on the tiny setting: each writes what the next reads; a rerun decodes nothing again."
@@ -174,6 +182,8 @@ def test_later_pieces_on_tiny(tuned):
     st = s.settings(setting, log=log.append)
     assert set(st["hybrid_rule"]) == set(best) and st["lookup_settings_replayed"] == 432
     assert st["eagle3_block_size"] in (4, 8, 16) and st["trained_rival"] in ("dflash_shift_d3", "eagle3")
+    chain = (st["eagle3_block_size"],) * 2             # the hybrid's EAGLE-3 asked for and ran at the chain chosen alone
+    assert _hybrid_eagle3_chains(setting.root / "settings") == {f"eagle3+lookup_{r}": chain for r in HYBRID_RULES}
     with pytest.raises(SystemExit, match="run `.*study.py table "):
         s.test(setting)                                   # the table's drafts are not there yet
     s.table(setting, log=log.append)
@@ -185,6 +195,7 @@ def test_later_pieces_on_tiny(tuned):
     ids = sorted(r["id"] for r in read_prompts(setting.test))
     recs = {f: json.loads(f.read_text()) for f in (setting.root / "test").rglob("result.json")}
     assert len(recs) == 3 * 2 * 3 + 3 + 2                # seed 0 and 1: alone T1, hybrid ×2 (+ alone greedy seed 0); lookup
+    assert set(_hybrid_eagle3_chains(setting.root / "test").values()) == {chain}
     for f, rec in recs.items():                          # every test prompt, sampled where the row says so
         assert sorted(p["prompt_id"] for p in rec["per_prompt"]) == ids, f
         assert rec["evaluation"]["temperature"] == (1.0 if "_T1" in str(f) else 0.0), f
@@ -308,8 +319,9 @@ def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
 @TUNED
 def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
     """The hybrid's projected step: lookup's search every step, the draft's step and verify width where the draft proposed
-    (every step if the rule reads the draft), lookup's width elsewhere; EAGLE-3 alone at its chosen chain, in the hybrid at
-    its draft's; a record without the step counts, or a width latency.json did not time, is refused in one line."""
+    (every step if the rule reads the draft), lookup's width elsewhere; EAGLE-3 at the chain its decodes ran (the chosen
+    one, alone and in the hybrid); a record without the step counts, or a width latency.json did not time, is refused in
+    one line."""
     s, setting, _, _ = tuned
     for piece in (s.settings, s.table, s.test): piece(setting, log=lambda _: None)   # done by the tests above: skipped
     T, root = load_script(TABLES, "study29_tables"), setting.root
@@ -318,7 +330,8 @@ def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
     st = json.loads((root / "settings.json").read_text())
     timing = lambda draft, verify, bs: dict(t_draft=draft, t_verify=verify, t_plain=2.0, per_tau=2.0 / (draft + verify),
                                             block_size=bs)
-    e3 = t.draft_block("eagle3", st)                       # every verify time differs: a width taken from the wrong side fails
+    e3 = st["eagle3_block_size"]                          # every verify time differs: a width taken from the wrong side fails
+    assert t.eagle3_width("eagle3_greedy", st) == t.eagle3_width("eagle3+lookup_greedy", st) == e3
     lat = dict(domino=timing(1.0, 5.0, 16), lookup=timing(0.1, 4.0, 16), eagle3=timing(1.5, 3.0, e3))
     prompts_of = lambda row: [p for r in t.rows[row].values() for p in r["per_prompt"]]
     row = "domino+lookup_greedy"
@@ -335,9 +348,14 @@ def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
     assert t.per_tau("eagle3+lookup_greedy", lat, st) == pytest.approx(2 / (0.1 + 1.5 + 3))
     seeds = sorted(t.rows["domino_greedy"].items())
     assert t.speedup("domino_greedy", lat, st) == pytest.approx(np.mean([r["tau"] for _, r in seeds]) * 2 / 6)
-    st["eagle3_block_size"] = e3 + 1
-    with pytest.raises(ValueError, match=f"eagle3_greedy: verifies blocks of {e3 + 1}, but latency.json timed EAGLE-3 at {e3}"):
-        t.per_tau("eagle3_greedy", lat, st)
+    lat["eagle3"]["block_size"] = e3 + 1
+    for row in ("eagle3_greedy", "eagle3+lookup_T1"):
+        timed_other = rf"{re.escape(row)}: verifies blocks of {e3}, but latency.json timed EAGLE-3 at {e3 + 1}"
+        with pytest.raises(ValueError, match=timed_other):
+            t.per_tau(row, lat, st)
+    for r in t.rows["eagle3+lookup_greedy"].values(): del r["drafter"]["eagle3_block_size"]   # decoded before the setting:
+    assert t.eagle3_width("eagle3+lookup_greedy", st) == t.draft_block("eagle3", st)         # its draft's own chain
+    row = "domino+lookup_greedy"
     del prompts_of(row)[0]["chosen_spec"]
     with pytest.raises(ValueError, match=r"domino\+lookup_greedy seed 0: .* --only domino=0"):
         t.draft_share(row)

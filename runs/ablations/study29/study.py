@@ -206,7 +206,14 @@ def _drafter(v: str, settings: Optional[dict] = None) -> dict:
 
 
 def _hybrid(v: str, settings: dict) -> dict:
-    return {"drafter": "hybrid", "rule": settings["hybrid_rule"][v], **settings["lookup"]}
+    "The drafter spec a trained drafter decodes with in the hybrid: its rule, lookup's setting, EAGLE-3 at its chosen chain."
+    return _hybrid_rule(v, settings["hybrid_rule"][v], settings["lookup"], settings.get("eagle3_block_size"))
+
+
+def _hybrid_rule(v: str, rule: str, lookup: dict, eagle3_block_size: Optional[int]) -> dict:
+    "The hybrid of drafter `v` with `rule` and lookup's setting; EAGLE-3's part at the chain it decodes alone."
+    chain = {"eagle3_block_size": eagle3_block_size} if v == "eagle3" else {}
+    return {"drafter": "hybrid", "rule": rule, **chain, **lookup}
 
 
 def _greedy_answers(s: Setting, out: Path, log) -> tuple[list, list]:
@@ -234,8 +241,9 @@ def _target_name(s: Setting) -> str:
 
 def settings(s: Setting, log=print) -> dict:
     """Piece 2: on every validation prompt, greedy: lookup's setting (its grid replayed on the target's greedy answers),
-    the hybrid's rule for each trained drafter at its chosen rate (every rule decoded over its seed-0 draft), EAGLE-3's
-    chain length (3 and 15 proposals decoded; 7 is the tuning's); then the rivals. Writes <root>/settings.json."""
+    EAGLE-3's chain length (3 and 15 proposals decoded; 7 is the tuning's), the hybrid's rule for each trained drafter
+    at its chosen rate (every rule decoded over its seed-0 draft; EAGLE-3's at its chosen chain, so after it); then the
+    rivals. Writes <root>/settings.json."""
     best, out = _tuned(s, "settings")["best"], s.root / "settings"
     prompts, answers = _greedy_answers(s, out, log)
     sweep = _lookup_sweep()
@@ -244,18 +252,25 @@ def settings(s: Setting, log=print) -> dict:
     lookup = sweep.best_lookup(replay)
     lookup_tau = max(r["tau"] for r in replay["lookup_sweep"]["rows"])
     common = dict(out_dir=out, prompts=s.validation, n_eval_prompts="all", max_new_tokens=s.max_new_tokens)
-    rows = {(f"{v}+lookup_{rule}", v): dict(name=f"{v}+lookup_{rule}", seed=0, source=_tune_run(s, v, best[v]),
-                                            drafter={"drafter": "hybrid", "rule": rule, **lookup}, **common)
-            for v in best for rule in HYBRID_RULES}
+
+    def row(name: str, v: str, drafter: dict) -> dict:
+        return dict(name=name, seed=0, source=_tune_run(s, v, best[v]), drafter=drafter, **common)
+
+    def hybrids(vs, chain: Optional[int]) -> dict:
+        return {(f"{v}+lookup_{r}", v): row(f"{v}+lookup_{r}", v, _hybrid_rule(v, r, lookup, chain)) for v in vs
+                for r in HYBRID_RULES}
+    rows = hybrids([v for v in best if v != "eagle3"], None)
     if "eagle3" in best:
-        rows |= {(f"eagle3_bs{bs}", "eagle3"): dict(name=f"eagle3_bs{bs}", seed=0, source=_tune_run(s, "eagle3", best["eagle3"]),
-                                                    drafter={"drafter": "eagle3", "block_size": bs}, **common) for bs in (4, 16)}
+        rows |= {(f"eagle3_bs{bs}", "eagle3"): row(f"eagle3_bs{bs}", "eagle3", {"drafter": "eagle3", "block_size": bs})
+                 for bs in (4, 16)}
     recs = decode_rows(rows, jobs=s.jobs, log=log)
     tau = {v: json.loads((_tune_run(s, v, best[v]) / "result.json").read_text())["tau"] for v in best}
-    rule = {v: max(HYBRID_RULES, key=lambda r: recs[f"{v}+lookup_{r}", v]["tau"]) for v in best}
     chain = {8: tau.get("eagle3")} | {bs: recs[f"eagle3_bs{bs}", "eagle3"]["tau"] for bs in (4, 16) if "eagle3" in best}
     eagle3_bs = max((bs for bs in chain if chain[bs] is not None), key=lambda bs: chain[bs], default=None)
-    if eagle3_bs is not None: tau["eagle3"] = chain[eagle3_bs]
+    if eagle3_bs is not None:                  # EAGLE-3 alone and in the hybrid at the chain chosen alone
+        tau["eagle3"] = chain[eagle3_bs]
+        recs |= decode_rows(hybrids(["eagle3"], eagle3_bs), jobs=s.jobs, log=log)
+    rule = {v: max(HYBRID_RULES, key=lambda r: recs[f"{v}+lookup_{r}", v]["tau"]) for v in best}
     rivals = [v for v in best if v != "domino"]
     trained_rival = max(rivals, key=lambda v: tau[v])
     res = {"rates": best, "lookup": lookup, "lookup_tau": lookup_tau,

@@ -116,8 +116,8 @@ class Tables:
         v = row.rpartition("_")[0]
         base = v.split("+")[0]
         d = latency[LATENCY[base]]
-        if base == "eagle3":        # alone: the chain chosen on validation; in the hybrid: its draft's own (notebook 30)
-            width = settings["eagle3_block_size"] if v == base else self.draft_block(base, settings)
+        if base == "eagle3":        # the chain its decodes ran (the one chosen on validation, alone and in the hybrid)
+            width = self.eagle3_width(row, settings)
             if d["block_size"] != width:
                 raise ValueError(f"{row}: verifies blocks of {width}, but latency.json timed EAGLE-3 at {d['block_size']}: "
                                  f"time that width (latency/latency.py) before projecting it")
@@ -130,6 +130,14 @@ class Tables:
     def speedup(self, row: str, latency: dict, settings: dict) -> float:
         "Projected speed-up over plain decoding: the mean over seeds of each seed's τ × per_tau (its own draft share)."
         return float(np.mean([r["tau"] * self.per_tau(row, latency, settings, k) for k, r in sorted(self.rows[row].items())]))
+
+    def eagle3_width(self, row: str, settings: dict) -> int:
+        """The verify width of an EAGLE-3 row (its chain + 1), as its decodes' drafter spec set it: `block_size` alone,
+        `eagle3_block_size` in the hybrid; the draft config's block where the spec left it out (notebook 30)."""
+        key = "eagle3_block_size" if "+" in row else "block_size"
+        widths = {r["drafter"].get(key) or self.draft_block("eagle3", settings) for r in self.rows[row].values()}
+        if len(widths) != 1: raise ValueError(f"{row}: its seeds ran EAGLE-3 at different chains {sorted(widths)}")
+        return widths.pop()
 
     def draft_block(self, v: str, settings: dict) -> int:
         "The block a trained drafter's draft was built with (its kept draft's config.json; the same for every seed)."

@@ -1,7 +1,7 @@
 """Study 29, piece 12: the draft step and the target's verify step timed at Qwen3-8B's shapes, and each drafter's
 speed-up projected from them (README.md beside this file: the formula and its assumptions).
 
-    nice -n 19 python runs/ablations/study29/latency/latency.py                 # the real run: bf16, Qwen3-8B's shape
+    nice -n 19 python runs/ablations/study29/latency/latency.py --eagle3_block_size 16   # the real run (EAGLE-3's chosen chain)
     python runs/ablations/study29/latency/latency.py --tiny --out /tmp/lat.json # tiny shapes, seconds (the test's)
 
 One thread, random weights (weights do not change timings), real tensors. The target is never built whole: verify steps
@@ -186,6 +186,7 @@ def run(args) -> dict:
             stand_in = DraftTarget(full, target)
             for name in args.drafters:
                 spec = dict(drafter="lookup") if name == "lookup" else dict(drafter="eagle3" if name == "eagle3" else "draft")
+                if name == "eagle3": spec |= dict(block_size=args.eagle3_block_size)   # None: the recipe's chain
                 draft = None if name == "lookup" else recipe_draft(name, full, args.tiny, dtype)
                 timer = StepTimer()                             # the drafter's own sections (draft, Domino's rollout)
                 d = build_drafter(spec, stand_in, draft=draft, timer=timer)
@@ -226,6 +227,9 @@ def parse(argv=None):
     p.add_argument("--check_layers", type=int, nargs="*", default=[12], help="layer counts measured to check the line")
     p.add_argument("--blocks", type=int, nargs="+", default=[8, 16], help="verify widths besides 1 (EAGLE-3 8, drafts 16)")
     p.add_argument("--drafters", nargs="+", default=["domino", "dflash", "eagle3", "lookup"])
+    p.add_argument("--eagle3_block_size", type=int, default=None,
+                   help="EAGLE-3's verify width (its chain of proposals + 1) where a study chose one; the recipe's otherwise. "
+                        "Add it to --blocks")
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before the step")
     p.add_argument("--new", type=int, default=4, help="positions the last verify accepted (the draft step's new features)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per step (the median is kept)")
@@ -234,6 +238,8 @@ def parse(argv=None):
     p.add_argument("--out", default=str(Path(__file__).with_name("latency.json")))
     args = p.parse_args(argv)
     if any(n < 1 for n in args.layers + args.check_layers): p.error("--layers/--check_layers: layer counts must be >= 1")
+    if args.eagle3_block_size is not None and args.eagle3_block_size not in args.blocks:
+        p.error(f"--eagle3_block_size {args.eagle3_block_size}: its verify is not timed; add it to --blocks")
     args.tau = dict(_tau(p, t) for t in args.tau)
     return args
 
