@@ -73,3 +73,18 @@ def test_tiny_run(tmp_path):
     assert "speed_up" not in res["projection"]["domino"]           # no τ given: the factor only, no invented figure
     bad = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--tau", "domino"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "DRAFTER=TAU" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_tiny_run_times_eagle3_at_a_chosen_chain(tmp_path):
+    "--eagle3_block_size: EAGLE-3's chain of 15 is timed and projected with the verify of 16; an untimed width is refused."
+    out, base = tmp_path / "latency.json", [sys.executable, str(SCRIPT), "--tiny", "--reps", "1", "--layers", "2", "4",
+                                           "--check_layers", "--drafters", "eagle3"]
+    r = subprocess.run(base + ["--eagle3_block_size", "16", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    line = res["lines"]["16"]
+    assert res["draft"]["eagle3"]["block_size"] == 16
+    assert res["projection"]["eagle3"]["t_verify"] == pytest.approx(line["intercept"] + 36 * line["slope"])
+    bad = subprocess.run(base + ["--eagle3_block_size", "12"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "add it to --blocks" in bad.stderr.strip().splitlines()[-1]
