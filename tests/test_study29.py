@@ -147,6 +147,18 @@ def test_cli_refuses_out_without_tiny(capsys):
     assert "--out is for --tiny only" in capsys.readouterr().err
 
 
+def test_cli_jobs_reaches_the_piece(capsys, monkeypatch):
+    "--jobs N: the piece runs N at a time (1 leaves a core to a job beside it); fewer than 1 is refused in one line."
+    s, seen = _study(), []
+    monkeypatch.setitem(s.PIECES, "test", lambda setting: seen.append(setting.jobs))
+    s.main(["test", "embedded", "--jobs", "1"])
+    s.main(["test", "embedded"])
+    assert seen == [1, 2]
+    with pytest.raises(SystemExit):
+        s.main(["test", "embedded", "--jobs", "0"])
+    assert "--jobs 0: give 1 or more" in capsys.readouterr().err
+
+
 def test_ctrl_c_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch):
     s = _study()
     def stopped(_): raise KeyboardInterrupt

@@ -422,7 +422,10 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", metavar="DRAFTER=SEEDS", type=_only,
                    help="table, test: only these seeds' runs now, to fit a session (e.g. eagle3=1,2 domino=2; seed 0, the "
                         "tuning's, is a draft of test's); the rest on a later call")
+    p.add_argument("--jobs", type=int, help="runs at a time, one thread each (default: the setting's, 2 = both cores); "
+                                            "1 leaves a core to a job beside it")
     a = p.parse_args(argv)
+    if a.jobs is not None and a.jobs < 1: p.error(f"--jobs {a.jobs}: give 1 or more runs at a time")
     if a.out and not a.tiny: p.error("--out is for --tiny only: the study's pieces write beside this file")
     if a.only and a.piece not in ("table", "test"): p.error("--only is for the table and test pieces only")
     if a.tiny:
@@ -430,6 +433,7 @@ def main(argv=None):
         print(f"dry run on the tiny setting in {root}")
         s = tiny(root)
     else: s = TARGETS[a.target]()
+    if a.jobs: s = dataclasses.replace(s, jobs=a.jobs)
     if a.only:
         only = {}
         for v, ks in a.only: only[v] = tuple(sorted({*only.get(v, ()), *ks}))
