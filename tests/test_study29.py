@@ -147,6 +147,15 @@ def test_cli_refuses_out_without_tiny(capsys):
     assert "--out is for --tiny only" in capsys.readouterr().err
 
 
+def test_only_eagle3_hybrids_name_a_block():
+    "The hybrid spec of Domino and DFlash is the one their decodes were fingerprinted with: EAGLE-3's alone gets its block."
+    s, lookup = _study(), dict(prompt_lookup_min=1, num_speculative_tokens=15)
+    for v in ("domino", "dflash_shift_d3"):
+        assert s._hybrid_rule(v, "match>=2", lookup, 16) == {"drafter": "hybrid", "rule": "match>=2", **lookup}
+    assert s._hybrid_rule("eagle3", "any", lookup, 16) == {"drafter": "hybrid", "rule": "any", "eagle3_block_size": 16,
+                                                            **lookup}
+
+
 def test_cli_jobs_reaches_the_piece(capsys, monkeypatch):
     "--jobs N: the piece runs N at a time (1 leaves a core to a job beside it); fewer than 1 is refused in one line."
     s, seen = _study(), []
@@ -362,11 +371,15 @@ def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
     assert t.speedup("domino_greedy", lat, st) == pytest.approx(np.mean([r["tau"] for _, r in seeds]) * 2 / 6)
     lat["eagle3"]["block_size"] = e3 + 1
     for row in ("eagle3_greedy", "eagle3+lookup_T1"):
-        timed_other = rf"{re.escape(row)}: verifies blocks of {e3}, but latency.json timed EAGLE-3 at {e3 + 1}"
+        timed_other = rf"{re.escape(row)}: verifies blocks of {e3}, but latency.json timed EAGLE-3 at {e3 + 1}: .* {e3}\)"
         with pytest.raises(ValueError, match=timed_other):
             t.per_tau(row, lat, st)
+    lat["eagle3"]["block_size"] = e3
+    for r in t.rows["eagle3+lookup_greedy"].values(): r["drafter"]["eagle3_block_size"] = e3 + 1   # another block ran:
+    with pytest.raises(ValueError, match=rf"decoded EAGLE-3 at block {e3 + 1}, not the block {e3} .* --only eagle3=K"):
+        t.per_tau("eagle3+lookup_greedy", lat, st)                    # decoding it again is the fix, not another timing
     for r in t.rows["eagle3+lookup_greedy"].values(): del r["drafter"]["eagle3_block_size"]   # decoded before the setting:
-    assert t.eagle3_width("eagle3+lookup_greedy", st) == t.draft_block("eagle3", st)         # its draft's own chain
+    assert t.eagle3_width("eagle3+lookup_greedy", st) == t.draft_block("eagle3", st)         # its draft's own block
     row = "domino+lookup_greedy"
     del prompts_of(row)[0]["chosen_spec"]
     with pytest.raises(ValueError, match=r"domino\+lookup_greedy seed 0: .* --only domino=0"):

@@ -36,6 +36,7 @@ STUDY = Path(__file__).resolve().parent     # not the current folder: a piece ru
 COMMAND = f"python {STUDY / 'study.py'}"
 TRAINED = ("domino", "dflash_shift_d3", "eagle3")       # the trained drafters, each at Domino's parameter count
 GRID = (1e-3, 3e-3, 1e-2)                               # the learning rates every trained drafter is tried at
+EAGLE3_BLOCKS = (4, 16)                 # EAGLE-3's verify blocks tried beside its draft's own (8: chains of 3, 7, 15)
 LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)     # half-decades: a best rate at the grid's edge adds the next out
 STEPS = 2880                                            # the full budget (study 28's)
 KEEP_STEPS = (720, 1440)                                # checkpoints whose drafts piece 5 (`curve`) decodes
@@ -241,7 +242,7 @@ def _target_name(s: Setting) -> str:
 
 def settings(s: Setting, log=print) -> dict:
     """Piece 2: on every validation prompt, greedy: lookup's setting (its grid replayed on the target's greedy answers),
-    EAGLE-3's chain length (3 and 15 proposals decoded; 7 is the tuning's), the hybrid's rule for each trained drafter
+    EAGLE-3's verify block (`EAGLE3_BLOCKS` beside its draft's own, the tuning's), the hybrid's rule for each trained drafter
     at its chosen rate (every rule decoded over its seed-0 draft; EAGLE-3's at its chosen chain, so after it); then the
     rivals. Writes <root>/settings.json."""
     best, out = _tuned(s, "settings")["best"], s.root / "settings"
@@ -256,18 +257,20 @@ def settings(s: Setting, log=print) -> dict:
     def row(name: str, v: str, drafter: dict) -> dict:
         return dict(name=name, seed=0, source=_tune_run(s, v, best[v]), drafter=drafter, **common)
 
-    def hybrids(vs, chain: Optional[int]) -> dict:
-        return {(f"{v}+lookup_{r}", v): row(f"{v}+lookup_{r}", v, _hybrid_rule(v, r, lookup, chain)) for v in vs
+    def hybrids(vs, eagle3_block: Optional[int]) -> dict:
+        return {(f"{v}+lookup_{r}", v): row(f"{v}+lookup_{r}", v, _hybrid_rule(v, r, lookup, eagle3_block)) for v in vs
                 for r in HYBRID_RULES}
     rows = hybrids([v for v in best if v != "eagle3"], None)
-    if "eagle3" in best:
+    if "eagle3" in best:                       # the tuning decoded its draft's own block; the others tried beside it
+        own = json.loads((_tune_run(s, "eagle3", best["eagle3"]) / "draft" / "config.json").read_text())["block_size"]
+        tried = [bs for bs in EAGLE3_BLOCKS if bs != own]
         rows |= {(f"eagle3_bs{bs}", "eagle3"): row(f"eagle3_bs{bs}", "eagle3", {"drafter": "eagle3", "block_size": bs})
-                 for bs in (4, 16)}
+                 for bs in tried}
     recs = decode_rows(rows, jobs=s.jobs, log=log)
     tau = {v: json.loads((_tune_run(s, v, best[v]) / "result.json").read_text())["tau"] for v in best}
-    chain = {8: tau.get("eagle3")} | {bs: recs[f"eagle3_bs{bs}", "eagle3"]["tau"] for bs in (4, 16) if "eagle3" in best}
-    eagle3_bs = max((bs for bs in chain if chain[bs] is not None), key=lambda bs: chain[bs], default=None)
-    if eagle3_bs is not None:                  # EAGLE-3 alone and in the hybrid at the chain chosen alone
+    chain = {own: tau["eagle3"]} | {bs: recs[f"eagle3_bs{bs}", "eagle3"]["tau"] for bs in tried} if "eagle3" in best else {}
+    eagle3_bs = max(chain, key=chain.get, default=None)       # a tie keeps the draft's own block (the first key)
+    if eagle3_bs is not None:                  # EAGLE-3 alone and in the hybrid at the block chosen alone
         tau["eagle3"] = chain[eagle3_bs]
         recs |= decode_rows(hybrids(["eagle3"], eagle3_bs), jobs=s.jobs, log=log)
     rule = {v: max(HYBRID_RULES, key=lambda r: recs[f"{v}+lookup_{r}", v]["tau"]) for v in best}

@@ -117,10 +117,13 @@ class Tables:
         base = v.split("+")[0]
         d = latency[LATENCY[base]]
         if base == "eagle3":        # the chain its decodes ran (the one chosen on validation, alone and in the hybrid)
-            width = self.eagle3_width(row, settings)
+            width, chosen = self.eagle3_width(row, settings), settings["eagle3_block_size"]
+            if width != chosen:
+                raise ValueError(f"{row}: decoded EAGLE-3 at block {width}, not the block {chosen} settings.json chose: "
+                                 f"move its folders aside and decode it again (`study.py test <target> --only eagle3=K`)")
             if d["block_size"] != width:
                 raise ValueError(f"{row}: verifies blocks of {width}, but latency.json timed EAGLE-3 at {d['block_size']}: "
-                                 f"time that width (latency/latency.py) before projecting it")
+                                 f"time that width (latency/latency.py --eagle3_block_size {width}) before projecting it")
         if v == base: return d["per_tau"]
         look, share = latency["lookup"], self.draft_share(row, seed)
         runs = 1.0 if settings["hybrid_rule"][base] in _RULES_READING_THE_DRAFT else share
@@ -136,7 +139,9 @@ class Tables:
         `eagle3_block_size` in the hybrid; the draft config's block where the spec left it out (notebook 30)."""
         key = "eagle3_block_size" if "+" in row else "block_size"
         widths = {r["drafter"].get(key) or self.draft_block("eagle3", settings) for r in self.rows[row].values()}
-        if len(widths) != 1: raise ValueError(f"{row}: its seeds ran EAGLE-3 at different chains {sorted(widths)}")
+        if len(widths) != 1:
+            raise ValueError(f"{row}: its seeds ran EAGLE-3 at different blocks {sorted(widths)}: decode the seeds whose "
+                             f"block is not settings.json's eagle3_block_size again")
         return widths.pop()
 
     def draft_block(self, v: str, settings: dict) -> int:

@@ -1,7 +1,7 @@
 """Study 29, piece 12: the draft step and the target's verify step timed at Qwen3-8B's shapes, and each drafter's
 speed-up projected from them (README.md beside this file: the formula and its assumptions).
 
-    nice -n 19 python runs/ablations/study29/latency/latency.py --eagle3_block_size 16   # the real run (EAGLE-3's chosen chain)
+    nice -n 19 python runs/ablations/study29/latency/latency.py --eagle3_block_size 16   # the real run (EAGLE-3's chosen block)
     python runs/ablations/study29/latency/latency.py --tiny --out /tmp/lat.json # tiny shapes, seconds (the test's)
 
 One thread, random weights (weights do not change timings), real tensors. The target is never built whole: verify steps
@@ -232,7 +232,8 @@ def parse(argv=None):
                         "Add it to --blocks")
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before the step")
     p.add_argument("--new", type=int, default=4, help="positions the last verify accepted (the draft step's new features)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions per step (the median is kept)")
+    p.add_argument("--reps", type=int, default=9,
+                   help="timed repetitions per step (the median is kept; 5 missed the 12-layer check twice on 2026-12-07)")
     p.add_argument("--tau", nargs="*", default=[], metavar="DRAFTER=TAU",
                    help="a measured τ per drafter (e.g. domino=2.65): its projected speed-up is written beside the factor")
     p.add_argument("--out", default=str(Path(__file__).with_name("latency.json")))
@@ -240,6 +241,8 @@ def parse(argv=None):
     if any(n < 1 for n in args.layers + args.check_layers): p.error("--layers/--check_layers: layer counts must be >= 1")
     if args.eagle3_block_size is not None and args.eagle3_block_size not in args.blocks:
         p.error(f"--eagle3_block_size {args.eagle3_block_size}: its verify is not timed; add it to --blocks")
+    if args.eagle3_block_size is not None and "eagle3" not in args.drafters:
+        p.error("--eagle3_block_size sets EAGLE-3's chain, but eagle3 is not in --drafters: add it or drop the option")
     args.tau = dict(_tau(p, t) for t in args.tau)
     return args
 
