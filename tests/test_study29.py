@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from domino_research.ablations import plan_ablation
 from domino_research.decode import HYBRID_RULES
@@ -158,11 +159,14 @@ def test_only_eagle3_hybrids_name_a_block():
 
 def test_cli_jobs_reaches_the_piece(capsys, monkeypatch):
     "--jobs N: the piece runs N at a time (1 leaves a core to a job beside it); fewer than 1 is refused in one line."
-    s, seen = _study(), []
-    monkeypatch.setitem(s.PIECES, "test", lambda setting: seen.append(setting.jobs))
-    s.main(["test", "embedded", "--jobs", "1"])
-    s.main(["test", "embedded"])
-    assert seen == [1, 2]
+    s, seen, threads = _study(), [], torch.get_num_threads()
+    monkeypatch.setitem(s.PIECES, "test", lambda setting: seen.append((setting.jobs, torch.get_num_threads())))
+    torch.set_num_threads(2)
+    try:
+        s.main(["test", "embedded"])
+        s.main(["test", "embedded", "--jobs", "1"])                  # in this process, on one thread (the workers': each one)
+    finally: torch.set_num_threads(threads)
+    assert seen == [(2, 2), (1, 1)]
     with pytest.raises(SystemExit):
         s.main(["test", "embedded", "--jobs", "0"])
     assert "--jobs 0: give 1 or more" in capsys.readouterr().err

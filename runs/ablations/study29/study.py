@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from domino_research.ablations import decode_rows, run_ablation
 from domino_research.data import stop_token_ids
 from domino_research.decode import HYBRID_RULES, greedy_generate
@@ -426,7 +428,7 @@ def main(argv=None):
                    help="table, test: only these seeds' runs now, to fit a session (e.g. eagle3=1,2 domino=2; seed 0, the "
                         "tuning's, is a draft of test's); the rest on a later call")
     p.add_argument("--jobs", type=int, help="runs at a time, one thread each (default: the setting's, 2 = both cores); "
-                                            "1 leaves a core to a job beside it")
+                                            "1 runs in this process on one thread, leaving a core to a job beside it")
     a = p.parse_args(argv)
     if a.jobs is not None and a.jobs < 1: p.error(f"--jobs {a.jobs}: give 1 or more runs at a time")
     if a.out and not a.tiny: p.error("--out is for --tiny only: the study's pieces write beside this file")
@@ -437,6 +439,7 @@ def main(argv=None):
         s = tiny(root)
     else: s = TARGETS[a.target]()
     if a.jobs: s = dataclasses.replace(s, jobs=a.jobs)
+    if s.jobs == 1: torch.set_num_threads(1)   # the run in this process takes one thread, as each worker of two does
     if a.only:
         only = {}
         for v, ks in a.only: only[v] = tuple(sorted({*only.get(v, ()), *ks}))
