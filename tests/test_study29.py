@@ -307,6 +307,22 @@ def test_table_only_before_piece_2_runs_what_the_piece_will_skip(tuned, tmp_path
         s.table(dataclasses.replace(early, only={"eagle3": (1,)}))
 
 
+def test_settings_table_bolds_what_piece_2_chose():
+    "The decode-time choices' table: one bold entry per choice, the one settings.json kept, whatever order they were tried in."
+    T = load_script(TABLES, "study29_tables")
+    st = {"lookup": dict(prompt_lookup_min=1, prompt_lookup_max=8, num_speculative_tokens=15, occurrence="latest",
+                         self_extend=True), "lookup_tau": 2.5, "lookup_settings_replayed": 432,
+          "hybrid_rule": {"domino": "match>=2", "eagle3": "agree"},
+          "hybrid_tau": {"domino+lookup_any": 4.0, "domino+lookup_match>=2": 4.5, "eagle3+lookup_any": 5.0,
+                         "eagle3+lookup_agree": 5.5},
+          "eagle3_block_size": 16, "eagle3_tau_by_block_size": {"8": 4.5, "4": 3.0, "16": 5.6},
+          "tau_alone": {"domino": 2.7, "eagle3": 5.6}, "trained_rival": "eagle3", "headline_rival": "eagle3"}
+    md = T.settings_table(st)
+    assert re.findall(r"\*\*(.+?)\*\*", md) == ["match>=2 4.500", "agree 5.500", "16 5.600", "`eagle3` 5.600"]
+    assert "| 4 3.000, 8 4.500, **16 5.600** | 16 |" in md                 # blocks in order of width, not as stored
+    assert "n 1–8, latest occurrence, 15 proposals, self-extension" in md
+
+
 @TUNED
 def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
     """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows

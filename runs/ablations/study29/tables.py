@@ -166,6 +166,28 @@ def tuning_table(root: Path) -> str:
                       *(f"| `{v}` | " + " | ".join(cell(v, lr) for lr in rates) + " |" for v in tune["tried"])])
 
 
+def settings_table(st: dict) -> str:
+    """Markdown: piece 2's decode-time choices (settings.json), each with the decoded validation τ of what it was chosen
+    from; bold, the one kept. The rivals are the trained drafters' and lookup's τ alone."""
+    bold = lambda name, tau, kept: f"**{name} {tau:.3f}**" if kept else f"{name} {tau:.3f}"
+    lk = st["lookup"]
+    rows = [("lookup (prompt lookup)", f"{st['lookup_settings_replayed']} settings replayed, best {st['lookup_tau']:.3f}",
+             f"n {lk['prompt_lookup_min']}–{lk['prompt_lookup_max']}, {lk['occurrence']} occurrence, "
+             f"{lk['num_speculative_tokens']} proposals" + (", self-extension" if lk["self_extend"] else ""))]
+    for v, rule in st["hybrid_rule"].items():
+        tried = {k.rpartition("_")[2]: tau for k, tau in st["hybrid_tau"].items() if k.startswith(f"{v}+lookup_")}
+        rows.append((f"`{v}` + lookup: the rule", ", ".join(bold(r, tau, r == rule) for r, tau in tried.items()), rule))
+    if st.get("eagle3_block_size"):
+        blocks = sorted(st["eagle3_tau_by_block_size"].items(), key=lambda kv: int(kv[0]))
+        rows.append(("`eagle3`: the block (chain + 1)", ", ".join(
+            bold(b, tau, int(b) == st["eagle3_block_size"]) for b, tau in blocks), str(st["eagle3_block_size"])))
+    alone = st["tau_alone"] | {"lookup": st["lookup_tau"]}
+    rows.append(("the rivals: τ alone", ", ".join(bold(f"`{v}`", tau, v == st["trained_rival"]) for v, tau in alone.items()),
+                 f"trained: `{st['trained_rival']}`, headline: `{st['headline_rival']}`"))
+    return "\n".join(["| setting | tried (decoded validation τ) | chosen |", "|---|---|---|",
+                      *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
+
+
 def tiny_strata(prompts_file: Path, tokenizer_dir: Path) -> dict:
     "A dry run's strata, scored by strata.py (its prompts are not the study's: their cut points mean nothing)."
     from domino_research.target import load_tokenizer
@@ -187,7 +209,7 @@ def main(argv=None):
         strata = tiny_strata(prompts, a.root / "setting" / "target")
     else: strata, prompts = _read(a.strata), STUDY.parents[2] / _read(a.strata)["source"]
     t, st = Tables(a.root, strata, prompts), _read(a.root / "settings.json")
-    print(tuning_table(a.root), end="\n\n")
+    print(tuning_table(a.root), settings_table(st), sep="\n\n", end="\n\n")
     splits = {name: sel for name, sel in t.splits().items() if sel.any()}      # a dry run's few prompts leave some empty
     print("| row | seeds | " + " | ".join(f"{n} ({int(sel.sum())})" for n, sel in splits.items()) + " |")
     print("|---" * (len(splits) + 2) + "|")
