@@ -323,6 +323,17 @@ def test_settings_table_bolds_what_piece_2_chose():
     assert "n 1–8, latest occurrence, 15 proposals, self-extension" in md
 
 
+def test_reduced_vocab_scales_only_the_chains_passes_through_the_head():
+    "The 32k-vocabulary estimate: chain × head time × (1 − vocab / 151,936) comes off the draft step; nothing else moves."
+    T = load_script(TABLES, "study29_tables")
+    raw = {"projection": {"eagle3": dict(t_draft=3.0, t_verify=4.0, t_plain=2.0)}, "draft": {"eagle3": {"block_size": 16}},
+           "lines": {"1": {"intercept": 0.1}}}
+    est = T.reduced_vocab(raw, 32_000)
+    assert est["t_draft"] == pytest.approx(3.0 - 15 * 0.1 * (1 - 32_000 / 151_936))
+    assert est["per_tau"] == pytest.approx(2.0 / (est["t_draft"] + 4.0))
+    assert T.reduced_vocab(raw, 151_936) == {"t_draft": 3.0, "per_tau": 2.0 / 7.0}      # the target's own head: as timed
+
+
 @TUNED
 def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
     """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows
@@ -400,6 +411,10 @@ def test_tables_project_a_hybrid_from_the_steps_its_draft_proposed_for(tuned):
         t.per_tau("eagle3+lookup_greedy", lat, st)                    # decoding it again is the fix, not another timing
     for r in t.rows["eagle3+lookup_greedy"].values(): del r["drafter"]["eagle3_block_size"]   # decoded before the setting:
     assert t.eagle3_width("eagle3+lookup_greedy", st) == t.draft_block("eagle3", st)         # its draft's own block
+    md = T.projection_table(t, lat, st, ["domino", "domino+lookup", "lookup"])   # the notebook's table: the same figures
+    for v in ("domino", "domino+lookup", "lookup"):
+        cell = lambda row: f"{t.per_tau(row, lat, st):.3f} | {t.speedup(row, lat, st):.2f}×"
+        assert f"| `{v}` | {cell(v + '_greedy')} | {cell(v + '_T1')} |" in md.splitlines(), v
     row = "domino+lookup_greedy"
     del prompts_of(row)[0]["chosen_spec"]
     with pytest.raises(ValueError, match=r"domino\+lookup_greedy seed 0: .* --only domino=0"):
