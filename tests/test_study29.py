@@ -323,6 +323,18 @@ def test_settings_table_bolds_what_piece_2_chose():
     assert "n 1–8, latest occurrence, 15 proposals, self-extension" in md
 
 
+def test_tables_cli_names_the_piece_a_missing_file_comes_from(tmp_path, capsys):
+    "tables.py on a folder a piece has not filled yet: one line naming the file and the piece that writes it, exit 2."
+    T = load_script(TABLES, "study29_tables")
+    (tmp_path / "settings.json").write_text("{}")
+    for root, missing in ((tmp_path / "none", "settings.json"), (tmp_path, "test.json")):
+        with pytest.raises(SystemExit) as e:
+            T.main(["--root", str(root)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"{root / missing}: not there: piece `{T.PIECE_WRITES[missing]}` writes it" in err
+
+
 def test_reduced_vocab_scales_only_the_chains_passes_through_the_head():
     "The 32k-vocabulary estimate: chain × head time × (1 − vocab / 151,936) comes off the draft step; nothing else moves."
     T = load_script(TABLES, "study29_tables")

@@ -25,13 +25,24 @@ TAGS = ("greedy", "T1")                                  # the decodes of piece 
 LATENCY = {"domino": "domino", "dflash_shift_d3": "dflash", "eagle3": "eagle3", "lookup": "lookup"}   # latency.json's names
 
 
-def _read(path: Path) -> dict: return json.loads(Path(path).read_text())
+PIECE_WRITES = {"settings.json": "settings", "test.json": "test", "best_lr.json": "tune", "curve.json": "curve"}
+
+
+def _read(path: Path) -> dict:
+    path = Path(path)
+    if not path.exists():                 # a piece not run yet (or a wrong --root): say which, not a traceback
+        piece = PIECE_WRITES.get(path.name)
+        raise FileNotFoundError(f"{path}: not there" + (f": piece `{piece}` writes it (`python runs/ablations/study29/"
+                                                        f"study.py {piece} <target>`), or --root names another folder"
+                                                        if piece else ""))
+    return json.loads(path.read_text())
 
 
 def test_records(root: Path) -> dict:
     """{row: {seed: record}} of piece 4 (`test`) with the table's own greedy decodes of seeds >= 1 (piece 3), as
     `study.test` assembled them: rows '<v>_<tag>', '<v>+lookup_<tag>' and 'lookup_<tag>'."""
     root, st = Path(root), _read(Path(root) / "settings.json")
+    summary = _read(root / "test.json")["tau"]            # written last, when every row of piece 4 is there
     rows = {}
     for f in sorted((root / "test" / "runs").glob("*/seed*/result.json")):
         rows.setdefault(f.parent.parent.name, {})[int(f.parent.name[4:])] = _read(f)
@@ -40,7 +51,6 @@ def test_records(root: Path) -> dict:
             rows.setdefault(f"{v}_greedy", {})[int(f.parent.name[4:])] = _read(f)
     for tag in TAGS:
         rows[f"lookup_{tag}"] = {0: _read(root / "test" / f"lookup_{tag}" / "runs" / "lookup" / "seed0" / "result.json")}
-    summary = _read(root / "test.json")["tau"]
     for row, seeds in rows.items():                      # what test.json lists is what these files hold, row for row
         assert {str(k): r["tau"] for k, r in seeds.items()} == summary[row], f"{row}: files and test.json disagree"
     assert set(rows) == set(summary), f"rows {set(summary) ^ set(rows)}: in one of test.json and the run folders only"
@@ -222,6 +232,11 @@ def main(argv=None):
     p.add_argument("--strata", type=Path, default=STUDY / "strata_embedded.json")
     p.add_argument("--tiny", action="store_true", help="--root is a dry run: its strata are computed from its prompts")
     a = p.parse_args(argv)
+    try: _print_tables(a)
+    except FileNotFoundError as e: p.exit(2, f"tables.py: {e}\n")
+
+
+def _print_tables(a: argparse.Namespace):
     if a.tiny:
         prompts = a.root / "setting" / "val.jsonl"
         strata = tiny_strata(prompts, a.root / "setting" / "target")
