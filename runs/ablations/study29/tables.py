@@ -255,6 +255,8 @@ def _print_tables(a: argparse.Namespace):
     print("\nprojected at Qwen3-8B's shapes (the mean over seeds of τ × per_tau; all prompts; a hybrid's per_tau at its "
           "own share of steps sent to the draft):")
     print(projection_table(t, lat, st, sorted({r.rpartition("_")[0] for r in t.rows})))
+    print("share of a hybrid's steps sent to its draft: " + ", ".join(
+        f"{row} {t.draft_share(row):.0%}" for row in sorted(t.rows) if "+lookup" in row))
     e3 = reduced_vocab(_read(STUDY / "latency" / "latency.json"), 32_000)
     print(f"EAGLE-3 with a 32,000-id draft head (an estimate): t_draft {e3['t_draft']:.2f} s, per_tau {e3['per_tau']:.3f}")
 
