@@ -346,6 +346,18 @@ def test_reduced_vocab_scales_only_the_chains_passes_through_the_head():
     assert T.reduced_vocab(raw, 151_936) == {"t_draft": 3.0, "per_tau": 2.0 / 7.0}      # the target's own head: as timed
 
 
+def test_run_hours_sum_each_pieces_runs_once(tmp_path):
+    "run_hours: a piece's hours are its own runs' train and decode seconds; a decode of a draft trained elsewhere adds none."
+    T = load_script(TABLES, "study29_tables")
+    runs = {"tune/runs/a_lr0.01/seed0": (7200, 360), "tune/runs/b_lr0.01/seed0": (3600, 0),
+            "test/runs/a_greedy/seed1": (0, 1800), "test/lookup_T1/runs/lookup/seed0": (0, 900)}
+    for run, (train, decode) in runs.items():
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "result.json").write_text(json.dumps(dict(train_seconds=train, eval_seconds=decode)))
+    (tmp_path / "test" / "runs" / "a_T1" / "seed1").mkdir(parents=True)          # a run not finished: no result.json
+    assert T.run_hours(tmp_path) == {"test": dict(runs=2, train=0.0, decode=0.75), "tune": dict(runs=2, train=3.0, decode=0.1)}
+
+
 @TUNED
 def test_tables_read_piece_4_back_and_refuse_what_disagrees(tuned):
     """tables.py on the tiny pieces: each row's seeds' τ are the ones its decodes wrote, a ratio pairs the seeds both rows

@@ -216,6 +216,20 @@ def settings_table(st: dict) -> str:
                       *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
+def run_hours(root: Path) -> dict:
+    """{piece: {"runs", "train", "decode"}}: how many runs each piece's folder holds and the hours they spent training and
+    decoding, summed from their result.json (`train_seconds`, `eval_seconds`: wall clock of the process, each on its
+    own core). A run counts once, where it ran: a trained draft another piece decodes again counts in that piece at 0 h
+    of training. Not in it: the strata, the latency timings and the second target's builds, which write no result.json."""
+    hours = {}
+    for f in sorted(Path(root).glob("*/**/result.json")):
+        r, h = _read(f), hours.setdefault(f.relative_to(root).parts[0], dict(runs=0, train=0.0, decode=0.0))
+        h["runs"] += 1
+        h["train"] += r["train_seconds"] / 3600
+        h["decode"] += r["eval_seconds"] / 3600
+    return hours
+
+
 def tiny_strata(prompts_file: Path, tokenizer_dir: Path) -> dict:
     "A dry run's strata, scored by strata.py (its prompts are not the study's: their cut points mean nothing)."
     from domino_research.target import load_tokenizer
@@ -259,6 +273,10 @@ def _print_tables(a: argparse.Namespace):
         f"{row} {t.draft_share(row):.0%}" for row in sorted(t.rows) if "+lookup" in row))
     e3 = reduced_vocab(_read(STUDY / "latency" / "latency.json"), 32_000)
     print(f"EAGLE-3 with a 32,000-id draft head (an estimate): t_draft {e3['t_draft']:.2f} s, per_tau {e3['per_tau']:.3f}")
+    hours = run_hours(a.root)
+    print("\nrun hours (train + decode, one core each): " + ", ".join(
+        f"{p} {h['train'] + h['decode']:.1f} h ({h['runs']} runs)" for p, h in hours.items()) +
+        f"; in all {sum(h['train'] + h['decode'] for h in hours.values()):.1f} h")
 
 
 if __name__ == "__main__":
