@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import ast
 import gzip
+import importlib.metadata
+import importlib.util
 import json
 import math
 import random
@@ -33,9 +35,10 @@ from .embedded import (
 from .embedded import MANIFEST_NAME
 
 # %% auto #0
-__all__ = ['TASKS', 'EXTRA_SPLIT', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS', 'CHAT_TEMPLATE',
-           'TRAINER_STATE', 'LICENCE_NAME', 'STAGES', 'stdlib_modules', 'has_docstring', 'extract_docstrings',
-           'build_corpus', 'extra_train_rows', 'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches',
+__all__ = ['TASKS', 'EXTRA_SPLIT', 'LICENSES_DIR', 'EOT', 'IM_START', 'IM_END', 'THINK', 'END_THINK', 'SPECIAL_TOKENS',
+           'CHAT_TEMPLATE', 'TRAINER_STATE', 'LICENCE_NAME', 'STAGES', 'stdlib_modules', 'has_docstring',
+           'extract_docstrings', 'build_corpus', 'extra_train_rows', 'package_licence', 'package_modules',
+           'package_rows', 'ship_package_licences', 'write_jsonl', 'train_tokenizer', 'target_config', 'length_batches',
            'assistant_accuracy', 'train_target', 'fit_rows', 'ship_licence', 'save_target', 'response_stats',
            'build_embedded', 'main']
 
@@ -256,6 +259,68 @@ def extra_train_rows(corpus: dict[str, list[dict]], task: str, root: Path | None
     held_out = {r["module"] for s in ("validation", "test") for r in corpus[s]}
     rows = build_corpus(root, n_test=0, n_validation=0, modules=modules, task=task)["train"]
     return [r for r in rows if r["module"] not in held_out]
+
+# %% ../nbs/14_embedded_build.ipynb #c0ffee1b
+_PERMISSIVE = ("MIT", "BSD", "Apache", "PSF", "Python Software Foundation", "ISC")   # licences that allow redistribution
+_NOT_LIBRARY = _SKIP_DIRS | {"testing", "_vendor", "vendor", "vendored", "third_party", "_build_utils", "benchmarks"}
+LICENSES_DIR = "LICENSES"        # a build's licence files of the installed packages its target trained on
+
+def _distribution(package: str) -> importlib.metadata.Distribution:
+    "The installed distribution that provides the top-level import `package`; a one-line error if there is none."
+    names = importlib.metadata.packages_distributions().get(package)
+    if importlib.util.find_spec(package) is None or not names:
+        raise ValueError(f"extra_packages: {package!r} is not an installed package's import name (e.g. numpy, sympy); "
+                         "install it or drop it")
+    return importlib.metadata.distribution(names[0])
+
+def package_licence(package: str) -> tuple[importlib.metadata.Distribution, list]:
+    "`(distribution, licence files)` of `package`, refused unless its licence is permissive and its licence text ships."
+    dist = _distribution(package)
+    m = dist.metadata
+    declared = " ".join([m.get("License-Expression") or "", (m.get("License") or "")[:200], *(m.get_all("Classifier") or [])])
+    if not any(k in declared for k in _PERMISSIVE):
+        raise ValueError(f"extra_packages: {package!r} ({m['Name']}) does not declare a licence of {', '.join(_PERMISSIVE)}; "
+                         "its text cannot be shipped in a build: drop it")
+    files = [f for f in dist.files or [] if f.parts[0].endswith(".dist-info")     # its own, not a vendored one's
+             and f.name.upper().startswith(("LICEN", "COPYING", "NOTICE", "AUTHORS"))]
+    if not files:
+        raise ValueError(f"extra_packages: {package!r} ({m['Name']}) ships no licence file to copy beside its text: drop it")
+    return dist, files
+
+def package_modules(package: str) -> list[tuple[str, Path]]:
+    "Sorted `(dotted module name, path)` of an installed package's `.py` files; tests, vendored and build code excluded."
+    _distribution(package)
+    root = Path(next(iter(importlib.util.find_spec(package).submodule_search_locations)))
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        if any(p in _NOT_LIBRARY or p.startswith("test_") for p in rel.parts): continue
+        parts = list(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        out.append((".".join(parts), path))
+    return out
+
+def package_rows(packages: list[str], held_out: list[dict]) -> list[dict]:
+    """The docstring rows of `packages` (deduplicated), less every row whose code or docstring equals one of `held_out`'s."""
+    for p in packages: package_licence(p)                  # refuse a package before reading any of them
+    rows = [r for p in packages for name, path in package_modules(p)
+            for r in extract_docstrings(name, path.read_text(encoding="utf-8", errors="replace"))]
+    code = lambda r: _norm(r["messages"][0]["content"].split("\n", 1)[1])   # the prompt without its module line
+    doc = lambda r: _norm(r["messages"][1]["content"])
+    held_code, held_doc = {code(r) for r in held_out}, {doc(r) for r in held_out}
+    return [r for r in dedupe_rows(rows) if code(r) not in held_code and doc(r) not in held_doc]
+
+def ship_package_licences(out_dir, packages: list[str]) -> list[Path]:
+    "Copy each package's licence files to `out_dir/LICENSES/<distribution>/`, as they lie in its `.dist-info`."
+    out = []
+    for p in packages:
+        dist, files = package_licence(p)
+        for f in files:
+            dst = Path(out_dir) / LICENSES_DIR / dist.metadata["Name"] / Path(*f.parts[1:])
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(dist.locate_file(f), dst)
+            out.append(dst)
+    return out
+
 
 # %% ../nbs/14_embedded_build.ipynb #611d0efd
 def write_jsonl(rows: list[dict], path: Path) -> Path:
@@ -503,7 +568,8 @@ def ship_licence(out_dir, corpus_source, stdlib: Path | None = None) -> Path:
     shutil.copyfile(src, dst)
     return dst
 
-def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body", extra_task=None):
+def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task="body", extra_task=None,
+                  extra_packages=()):
     if corpus_source == "stdlib":
         corpus = build_corpus(stdlib, n_test, n_validation, seed, modules, task=task)
         log(f"corpus ({task} task) from the stdlib at {stdlib or stdlib_root()}: " + str({s: len(v) for s, v in corpus.items()}))
@@ -513,11 +579,18 @@ def _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation,
     for s in SPLITS:
         write_jsonl(corpus[s], corpus_path(out_dir, s))
     extra = corpus_path(corpus_source, EXTRA_SPLIT) if corpus_source != "stdlib" else None
+    rows = []
     if extra_task is not None and corpus_source == "stdlib":
         rows = extra_train_rows(corpus, extra_task, stdlib, modules)
         log(f"{EXTRA_SPLIT}: {len(rows)} rows of the {extra_task} task from the training modules, for the target only")
-        write_jsonl(rows, corpus_path(out_dir, EXTRA_SPLIT))
+    if extra_packages and corpus_source == "stdlib":
+        rows += (pkg := package_rows(list(extra_packages), corpus["test"] + corpus["validation"]))
+        log(f"{EXTRA_SPLIT}: {len(pkg)} docstring rows of {', '.join(extra_packages)}, for the target only; licences: "
+            f"{len(ship_package_licences(out_dir, list(extra_packages)))} files in {LICENSES_DIR}/")
+    if rows: write_jsonl(rows, corpus_path(out_dir, EXTRA_SPLIT))
     elif extra is not None and extra.is_file(): shutil.copyfile(extra, corpus_path(out_dir, EXTRA_SPLIT))
+    if corpus_source != "stdlib" and (Path(corpus_source) / LICENSES_DIR).is_dir():   # the copied text's licences travel
+        shutil.copytree(Path(corpus_source) / LICENSES_DIR, Path(out_dir) / LICENSES_DIR, dirs_exist_ok=True)
     log(f"licence: {ship_licence(out_dir, corpus_source, stdlib)}")
 
 # %% ../nbs/14_embedded_build.ipynb #74e8f158
@@ -639,13 +712,14 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
                    steps: int = 4000, max_tokens: int = 4096, lr: float = 3e-3, max_new_tokens: int = 256,
                    regen_batch_size: int = 32, max_regen_rows: int | None = None, max_train_rows: int | None = None,
                    max_train_seconds: float | None = None, seed: int = 0, task: str = "body", extra_task: str | None = None,
-                   stages=STAGES, replace: bool = False, log=print) -> dict:
+                   extra_packages: tuple[str, ...] = (), stages=STAGES, replace: bool = False, log=print) -> dict:
     """Build the embedded default under `out_dir`; returns the quality figures (if that stage ran).
 
     `corpus_source`: a previous build folder to copy the corpus from (default: the shipped one, so the build
     does not depend on the local Python), or `"stdlib"` to extract it from `stdlib` (default: this interpreter's)
     for `task` (`TASKS`: "body", the shipped target's, or "docstring"; a copied corpus keeps its own), and with
-    `extra_task` the rows of another task the target also trains on (`extra_train_rows`).
+    `extra_task` the rows of another task the target also trains on (`extra_train_rows`), with `extra_packages` the
+    docstring rows of those installed packages (`package_rows`; their licences go to `LICENSES/`).
     `replace`: build over a built target or a finished build (refused otherwise, before any work)."""
     out_dir = Path(out_dir)
     unknown = set(stages) - set(STAGES)
@@ -653,12 +727,15 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
         raise ValueError(f"unknown stage(s) {sorted(unknown)}; stages are {STAGES}")
     for t in (task, extra_task or task):
         if t not in TASKS: raise ValueError(f"task {t!r}: unknown; use one of {', '.join(TASKS)}")
+    if (extra_task or extra_packages) and corpus_source != "stdlib" and "corpus" in stages:
+        raise ValueError("extra_task and extra_packages add rows to a corpus extracted here: pass corpus_source='stdlib' "
+                         "(--corpus stdlib); a copied corpus keeps the extra rows of the build it is copied from")
     _check_replace(out_dir, stages, replace)
     q = {}
     for stage in (s for s in STAGES if s in stages):
         t0 = time.time()
         if stage == "corpus": _stage_corpus(out_dir, corpus_source, stdlib, modules, n_test, n_validation, seed, log, task,
-                                             extra_task)
+                                             extra_task, extra_packages)
         if stage == "tokenizer": _stage_tokenizer(out_dir, vocab_size, log)
         if stage == "target":
             _stage_target(out_dir, model_kwargs, seq_length, steps, max_tokens, lr, seed, log, max_train_seconds)
@@ -705,6 +782,9 @@ def main(argv=None):
                    'shipped target\'s) or "docstring" (code -> docstring, a second target)')
     b.add_argument("--extra_task", choices=TASKS, default=d["extra_task"], help="with --corpus stdlib: the target also "
                    "trains on this task's rows of the training modules (not regenerated; drafts do not train on them)")
+    b.add_argument("--extra_packages", type=lambda t: tuple(p for p in t.split(",") if p), default=d["extra_packages"],
+                   help="with --corpus stdlib: the target also trains on the docstrings of these installed packages, "
+                   "comma-separated import names (permissive licences only; their licence files ship in LICENSES/)")
     b.add_argument("--model", type=_model, default=d["model_kwargs"] or {},
                    help="the target's shape, e.g. hidden_size=256,intermediate_size=768 (default: target_config's)")
     b.add_argument("--lr", type=number_in("(0, 1]"), default=d["lr"], help="AdamW's peak learning rate, in (0, 1]")
@@ -728,7 +808,8 @@ def main(argv=None):
         if m.startswith("stage ") and " done in " in m: finished.append(m.split()[1])   # what Ctrl-C leaves complete
     try:
         return build_embedded(a.out, corpus_source=a.corpus, steps=a.steps, vocab_size=a.vocab_size, lr=a.lr,
-                              task=a.task, extra_task=a.extra_task, model_kwargs=a.model or None,
+                              task=a.task, extra_task=a.extra_task, extra_packages=a.extra_packages,
+                              model_kwargs=a.model or None,
                               max_new_tokens=a.max_new_tokens, max_train_rows=a.max_train_rows,
                               max_train_seconds=a.max_train_seconds, stages=a.stages, replace=a.replace, log=log)
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
