@@ -187,7 +187,8 @@ def test_ctrl_c_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch):
 def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
     s = _study()
     setting = dataclasses.replace(s.tiny(tmp_path), jobs=1)
-    for piece, needs in (("settings", "tune"), ("table", "settings"), ("test", "settings"), ("curve", "settings")):
+    for piece, needs in (("settings", "tune"), ("table", "settings"), ("test", "settings"), ("curve", "settings"),
+                         ("lookup", "settings")):
         with pytest.raises(SystemExit, match=f"study.py {piece}: .* is missing: run `.*study.py {needs} "):
             s.PIECES[piece](setting)
 
@@ -229,6 +230,13 @@ def test_later_pieces_on_tiny(tuned):
     again = []
     s.test(setting, log=again.append)
     assert not any("decoded in" in line and "skipped" not in line for line in again), again
+    # piece 6b: lookup alone at the chosen setting, on another target's folder: the same τ as test's lookup rows
+    other = dataclasses.replace(setting, root=setting.root / "other", grid_from=setting.root)
+    other.root.mkdir()
+    lk = s.lookup(other, log=log.append)
+    assert lk["setting"] == st["lookup"] and lk["setting_from"] == setting.root.name
+    assert lk["tau"] == {"lookup_greedy": t["tau"]["lookup_greedy"]["0"], "lookup_T1": t["tau"]["lookup_T1"]["0"]}
+    assert json.loads((other.root / "lookup.json").read_text()) == lk
 
 
 @TUNED

@@ -12,6 +12,8 @@ plan: what each piece is for, what it costs, what it writes).
                                                                   # greedy and T = 1, and lookup: all test prompts
     ... test embedded --only eagle3=0 domino=1,2                  # a part of piece 4: these drafts' rows (no test.json)
     python runs/ablations/study29/study.py curve embedded         # piece 5: seed 0 at 720 and 1440 steps, validation
+    python runs/ablations/study29/study.py lookup docstring       # piece 6b: lookup alone on the second target's test
+                                                                  # prompts, at the first target's setting
     python runs/ablations/study29/study.py tune docstring         # pieces 7-11: the same on the second target
     ... PIECE TARGET --tiny                                       # any piece on a tiny random setting (a dry run)
 
@@ -374,19 +376,39 @@ def test(s: Setting, log=print) -> dict:
         return {f"{name} seed {k}": r["tau"] for (name, k), r in recs.items()}
     for (v, k), src in runs.items():
         if k > 0: recs[f"{v}_greedy", k] = json.loads((src / "result.json").read_text())
-    lookup = {"lookup": Variant("embedded_domino", {}, "prompt lookup at the setting chosen on validation",
-                                drafter={"drafter": "lookup", **st["lookup"]})}
-    for t in (0.0, s.temperature):
-        tag = "greedy" if t == 0 else f"T{t:g}"
-        run_ablation(["lookup"], s.steps, [0], out / f"lookup_{tag}", table=lookup, prompts=s.test, n_eval_prompts="all",
-                           max_new_tokens=s.max_new_tokens, configs=s.configs, base_overrides=s.base_overrides or None,
-                           temperature=t, log=log)
-        recs[f"lookup_{tag}", 0] = json.loads((out / f"lookup_{tag}" / "runs" / "lookup" / "seed0" / "result.json").read_text())
+    recs |= _lookup_rows(s, st["lookup"], out, log)
     table_ = {}
     for (name, k), r in recs.items(): table_.setdefault(name, {})[str(k)] = r["tau"]
     summary = {"prompts": s.test, "temperature": s.temperature, "tau": table_,
                "mean_tau": {n: sum(d.values()) / len(d) for n, d in table_.items()}}
     (s.root / "test.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _lookup_rows(s: Setting, setting: dict, out: Path, log=print) -> dict:
+    "{(lookup_TAG, 0): result} of prompt lookup at `setting`, greedy and at T = `temperature`, on every test prompt."
+    lookup = {"lookup": Variant("embedded_domino", {}, "prompt lookup at the setting chosen on validation",
+                                drafter={"drafter": "lookup", **setting})}
+    recs = {}
+    for t in (0.0, s.temperature):
+        tag = "greedy" if t == 0 else f"T{t:g}"
+        run_ablation(["lookup"], s.steps, [0], out / f"lookup_{tag}", table=lookup, prompts=s.test, n_eval_prompts="all",
+                     max_new_tokens=s.max_new_tokens, configs=s.configs, base_overrides=s.base_overrides or None,
+                     temperature=t, log=log)
+        recs[f"lookup_{tag}", 0] = json.loads((out / f"lookup_{tag}" / "runs" / "lookup" / "seed0" / "result.json").read_text())
+    return recs
+
+
+def lookup(s: Setting, log=print) -> dict:
+    """Piece 6b, for a target no drafter is trained on yet (the second): prompt lookup alone, at the setting chosen on the
+    first target's validation prompts (`grid_from`; its own, without one), greedy and at T = `temperature`, on every test
+    prompt. Writes <root>/lookup/ and <root>/lookup.json (τ of each, and the setting)."""
+    first = s.grid_from or s.root
+    st = read(first / "settings.json", "lookup", f"settings {first.name if s.grid_from else _name(s)}")
+    recs = _lookup_rows(s, st["lookup"], s.root / "lookup", log)
+    summary = {"prompts": s.test, "temperature": s.temperature, "setting": st["lookup"], "setting_from": first.name,
+               "tau": {name: r["tau"] for (name, _), r in recs.items()}}
+    (s.root / "lookup.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -415,7 +437,7 @@ def _only(arg: str) -> tuple[str, tuple[int, ...]]:
     return v, ks
 
 
-PIECES = {"tune": tune, "settings": settings, "table": table, "test": test, "curve": curve}
+PIECES = {"tune": tune, "settings": settings, "table": table, "test": test, "curve": curve, "lookup": lookup}
 
 
 def main(argv=None):
