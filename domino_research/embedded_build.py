@@ -730,6 +730,8 @@ def build_embedded(out_dir: Path, corpus_source: str | Path = EMBEDDED_DIR, stdl
     if (extra_task or extra_packages) and corpus_source != "stdlib" and "corpus" in stages:
         raise ValueError("extra_task and extra_packages add rows to a corpus extracted here: pass corpus_source='stdlib' "
                          "(--corpus stdlib); a copied corpus keeps the extra rows of the build it is copied from")
+    if "corpus" in stages:
+        for p in extra_packages: package_licence(p)      # an unknown or unshippable package: refused before any work
     _check_replace(out_dir, stages, replace)
     q = {}
     for stage in (s for s in STAGES if s in stages):
@@ -814,6 +816,9 @@ def main(argv=None):
                               max_train_seconds=a.max_train_seconds, stages=a.stages, replace=a.replace, log=log)
     except OSError as e:       # a stage run before the stage that writes its input, a missing --corpus, a read-only --out
         print(f"error: {' '.join(str(e).split())} (run the earlier --stages first, or check --corpus / --out)", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as e:    # an --extra_packages entry that is not installed or whose licence does not let it ship
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # finished stages are complete in --out; target and regenerate resume
         left = [s for s in a.stages if s not in finished]
