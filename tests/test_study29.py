@@ -184,6 +184,14 @@ def test_ctrl_c_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch):
     assert ended.__suppress_context__                    # no KeyboardInterrupt traceback printed above the line
 
 
+def test_a_target_not_built_is_one_line(capsys):
+    "The second target is not shipped (no build passed the loop bar): its pieces say so in one line, with the command."
+    s = _study()
+    if (s.STUDY.parents[2] / "domino_research" / "assets" / "embedded_docstring").is_dir(): pytest.skip("built here")
+    with pytest.raises(SystemExit, match="study.py lookup docstring: embedded_docstring: the build folder .* does not exist"):
+        s.main(["lookup", "docstring"])
+
+
 def test_pieces_refuse_until_the_piece_they_need_is_done(tmp_path):
     s = _study()
     setting = dataclasses.replace(s.tiny(tmp_path), jobs=1)

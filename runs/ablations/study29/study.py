@@ -29,6 +29,7 @@ import torch
 
 from domino_research.ablations import decode_rows, run_ablation
 from domino_research.data import stop_token_ids
+from domino_research.config import ConfigError
 from domino_research.decode import HYBRID_RULES, greedy_generate
 from domino_research.evaluation import encode_prompt, read_prompts
 from domino_research.rates import best_learning_rates, lr_sweep, with_learning_rate
@@ -459,7 +460,9 @@ def main(argv=None):
         root = a.out or Path(tempfile.mkdtemp(prefix="study29_tiny_"))
         print(f"dry run on the tiny setting in {root}")
         s = tiny(root)
-    else: s = TARGETS[a.target]()
+    else:
+        try: s = TARGETS[a.target]()
+        except ConfigError as e: raise SystemExit(f"study.py {a.piece} {a.target}: {e}") from None   # a build not there
     if a.jobs: s = dataclasses.replace(s, jobs=a.jobs)
     if s.jobs == 1: torch.set_num_threads(1)   # the run in this process takes one thread, as each worker of two does
     if a.only:
