@@ -684,6 +684,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/domino_research', 'doc_hos
                                                                                                   'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build._save_state': ( 'embedded_build.html#_save_state',
                                                                                                 'domino_research/embedded_build.py'),
+                                                'domino_research.embedded_build._shown': ( 'embedded_build.html#_shown',
+                                                                                           'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build._stage_corpus': ( 'embedded_build.html#_stage_corpus',
                                                                                                   'domino_research/embedded_build.py'),
                                                 'domino_research.embedded_build._stage_quality': ( 'embedded_build.html#_stage_quality',

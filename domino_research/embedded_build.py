@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import gzip
 import importlib.metadata
 import importlib.util
@@ -195,15 +196,18 @@ def held_out_form(row: dict) -> bool:
 def _norm(s: str) -> str:
     return " ".join(s.split())
 
+def _shown(row: dict) -> str:
+    "A row's prompt without its module line, whitespace-normalised: what two rows of different modules can share."
+    return _norm(row["messages"][0]["content"].split("\n", 1)[1])
+
 # %% ../nbs/14_embedded_build.ipynb #c7b04e73
 def dedupe_rows(rows: list[dict]) -> list[dict]:
     "Keep the first row of each distinct body and each distinct signature + docstring (whitespace-normalised)."
     seen, out = set(), []
     for r in rows:
-        user, body = (m["content"] for m in r["messages"])
-        keys = ("b:" + _norm(body),)
+        keys = ("b:" + _norm(r["messages"][1]["content"]),)
         if has_docstring(r):
-            keys += ("u:" + _norm(user.split("\n", 1)[1]),)  # the prompt without its module line
+            keys += ("u:" + _shown(r),)
         if any(k in seen for k in keys):
             continue
         seen.update(keys)
@@ -264,10 +268,11 @@ def extra_train_rows(corpus: dict[str, list[dict]], task: str, root: Path | None
 _PERMISSIVE = ("MIT", "BSD", "Apache", "PSF", "Python Software Foundation", "ISC")   # licences that allow redistribution
 _NOT_LIBRARY = _SKIP_DIRS | {"testing", "_vendor", "vendor", "vendored", "third_party", "_build_utils", "benchmarks"}
 LICENSES_DIR = "LICENSES"        # a build's licence files of the installed packages its target trained on
+_import_names = functools.cache(importlib.metadata.packages_distributions)   # half a second a call: read once
 
 def _distribution(package: str) -> importlib.metadata.Distribution:
     "The installed distribution that provides the top-level import `package`; a one-line error if there is none."
-    names = importlib.metadata.packages_distributions().get(package)
+    names = _import_names().get(package)
     if importlib.util.find_spec(package) is None or not names:
         raise ValueError(f"extra_packages: {package!r} is not an installed package's import name (e.g. numpy, sympy); "
                          "install it or drop it")
@@ -304,10 +309,9 @@ def package_rows(packages: list[str], held_out: list[dict]) -> list[dict]:
     for p in packages: package_licence(p)                  # refuse a package before reading any of them
     rows = [r for p in packages for name, path in package_modules(p)
             for r in extract_docstrings(name, path.read_text(encoding="utf-8", errors="replace"))]
-    code = lambda r: _norm(r["messages"][0]["content"].split("\n", 1)[1])   # the prompt without its module line
     doc = lambda r: _norm(r["messages"][1]["content"])
-    held_code, held_doc = {code(r) for r in held_out}, {doc(r) for r in held_out}
-    return [r for r in dedupe_rows(rows) if code(r) not in held_code and doc(r) not in held_doc]
+    held_code, held_doc = {_shown(r) for r in held_out}, {doc(r) for r in held_out}
+    return [r for r in dedupe_rows(rows) if _shown(r) not in held_code and doc(r) not in held_doc]
 
 def ship_package_licences(out_dir, packages: list[str]) -> list[Path]:
     "Copy each package's licence files to `out_dir/LICENSES/<distribution>/`, as they lie in its `.dist-info`."
